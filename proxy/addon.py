@@ -1,0 +1,247 @@
+"""The crosstalk mitmproxy addon: wires proxy hooks to the detection engine.
+
+Load it in ``crosstalk run`` (embedded) or in your own mitmproxy::
+
+    mitmdump -s addons/crosstalk.py --mode reverse:http://127.0.0.1:8000 \\
+        --set crosstalk_config=config/crosstalk.example.toml
+
+Every LLM request (OpenAI chat/completions) gets a tenant and a request id, and its
+prompt is observed before it goes upstream. Every response is scanned as it streams
+(SSE passes through as it arrives, never buffered) or whole when not streamed. One
+``exchange`` event is logged per finished request. Anything else passes untouched.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mitmproxy import ctx, exceptions, http
+
+from . import config as configuration
+from .engine import Engine, Finding
+from .eventlog import make_logger
+from .exchange import ExchangeMonitor
+from .protocols.openai import ProtocolError, error_body, parse_request, route_for
+from .tenants import TenantRules, request_id_of, resolve_tenant
+
+METADATA_KEY = "crosstalk"
+OPTIONS: dict[str, tuple[type, Any, str]] = {
+    "crosstalk_config": (str, "", "Path of the crosstalk TOML configuration."),
+    "crosstalk_mode": (str, "", "shadow or enforce; overrides the config file."),
+    "crosstalk_log_file": (str, "", "JSON-lines event log; empty: the config's, else stderr."),
+    "crosstalk_log_level": (str, "", "debug, info or warning; overrides the config file."),
+}
+
+
+class CrossTalk:
+    """Detects cross-tenant leaks in LLM responses passing through mitmproxy."""
+
+    def __init__(self) -> None:
+        self.config = configuration.Config()
+        self.engine: Engine | None = None
+        self.log: Any = None
+        self.rules = TenantRules()
+        self.counters: dict[str, int] = {"detector_errors": 0, "exchanges": 0, "findings": 0}
+        self._unknown_logged: set[str] = set()
+
+    def load(self, loader) -> None:
+        for name, (typ, default, help_text) in OPTIONS.items():
+            loader.add_option(name, typ, default, help_text)
+
+    def configure(self, updated: set[str]) -> None:
+        if self.engine is not None and not updated & set(OPTIONS):
+            return
+        try:
+            cfg = configuration.load(
+                ctx.options.crosstalk_config or None,
+                proxy__mode=ctx.options.crosstalk_mode or None,
+                proxy__log_file=ctx.options.crosstalk_log_file or None,
+                proxy__log_level=ctx.options.crosstalk_log_level or None,
+            )
+        except configuration.ConfigError as e:
+            raise exceptions.OptionsError(f"crosstalk: {e}") from e
+        self.config = cfg
+        engine_config = cfg.engine_config()
+        self.engine = Engine(
+            engine_config, baseline=configuration.load_baseline(cfg.detection.baseline_dir)
+        )
+        self.rules = TenantRules(
+            sources=cfg.tenants.sources,
+            header=cfg.tenants.header,
+            api_keys=dict(cfg.tenants.api_keys),
+            secret=self.engine.hasher.key,
+        )
+        self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
+        self.log.info(
+            "crosstalk.configured",
+            mode=cfg.proxy.mode,
+            key_id=self.engine.hasher.key_id,
+            k=engine_config.k,
+            window_seconds=engine_config.window_seconds,
+        )
+
+    # -- hooks -----------------------------------------------------------------------
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response or flow.error or not flow.live:
+            return
+        route = route_for(flow.request.method, flow.request.path)
+        if route is None:
+            self._note_unknown(flow)
+            return
+        request_id = request_id_of(flow.request.headers)
+        flow.request.headers["x-request-id"] = request_id
+        try:
+            parsed = parse_request(route, flow.request.get_content(strict=False) or b"")
+        except ProtocolError as e:
+            self.log.warning(
+                "request.unparsed", request_id=request_id, path=flow.request.path, reason=str(e)
+            )
+            parsed = None
+        tenant = resolve_tenant(self.rules, flow.request.headers, parsed.user if parsed else None)
+        if tenant is None:
+            if self.config.tenants.unknown == "reject":
+                self._reject_unknown_tenant(flow, request_id)
+                return
+            tenant = "anonymous"
+        monitor = ExchangeMonitor(
+            route=route,
+            tenant=tenant,
+            request_id=request_id,
+            scan=None,
+            on_findings=self._on_findings,
+            model=parsed.model if parsed else None,
+            prompt_chars=len(parsed.prompt) if parsed else 0,
+        )
+        flow.metadata[METADATA_KEY] = monitor
+        if parsed is not None:
+            try:
+                monitor.scan = self.engine.observe_prompt(tenant, request_id, parsed.prompt)
+            except Exception as e:  # noqa: BLE001 -- fail open
+                monitor.detector_error = f"{type(e).__name__}: {e}"
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
+        response = flow.response
+        is_sse = "text/event-stream" in response.headers.get("content-type", "")
+        if monitor is not None:
+            response.headers["x-request-id"] = monitor.request_id
+        if not is_sse:
+            return  # buffered: scanned whole in ``response``
+        if monitor is None:
+            response.stream = True  # SSE we do not scan: still never buffered
+            return
+        monitor.start_stream(response.headers.get("content-encoding"))
+
+        def tap(chunk: bytes) -> bytes:
+            monitor.on_chunk(chunk)
+            return chunk
+
+        response.stream = tap
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
+        if monitor is None:
+            return
+        if not monitor.stream:
+            body = self._decoded_body(flow.response, monitor)
+            if body is not None and 200 <= flow.response.status_code < 300:
+                monitor.on_body(body)
+            else:
+                monitor.close()
+        self._log_exchange(flow, monitor, flow.response.status_code)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
+        if monitor is None:
+            return
+        monitor.close()
+        status = flow.response.status_code if flow.response else 502
+        self._log_exchange(flow, monitor, status, error=flow.error.msg if flow.error else None)
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _decoded_body(self, response: http.Response, monitor: ExchangeMonitor) -> bytes | None:
+        try:
+            return response.get_content(strict=True)
+        except ValueError as e:
+            monitor.detector_error = f"body not decodable: {e}"
+            return None
+
+    def _on_findings(self, monitor: ExchangeMonitor, findings: list[Finding]) -> None:
+        for finding in findings:
+            self.counters["findings"] += 1
+            self.log.warning(
+                "leak.detected",
+                request_id=monitor.request_id,
+                tenant=monitor.tenant,
+                source_tenant=finding.source_tenant,
+                source_request_id=finding.source_request_id,
+                action="logged",
+                kind=finding.kind,
+                score=finding.score,
+                foreign_units=finding.foreign_units,
+                output_offset=[finding.start, finding.end],
+                choice=finding.choice,
+                evidence=finding.evidence,
+            )
+
+    def _log_exchange(
+        self, flow: http.HTTPFlow, monitor: ExchangeMonitor, status: int, error: str | None = None
+    ) -> None:
+        self.counters["exchanges"] += 1
+        if monitor.detector_error is not None:
+            self.counters["detector_errors"] += 1
+            self.log.error(
+                "detector.error",
+                request_id=monitor.request_id,
+                tenant=monitor.tenant,
+                reason=monitor.detector_error,
+                action="failed_open",
+            )
+        fields: dict[str, Any] = {}
+        if error:
+            fields["error"] = error
+        if monitor.truncated:
+            fields["truncated"] = True
+        if monitor.upstream_error:
+            fields["upstream_error"] = str(monitor.upstream_error.get("message", ""))[:200]
+        self.log.info(
+            "exchange",
+            request_id=monitor.request_id,
+            tenant=monitor.tenant,
+            method=flow.request.method,
+            path=flow.request.path,
+            status=status,
+            stream=monitor.stream,
+            model=monitor.model,
+            duration_ms=round((time.monotonic() - monitor.started) * 1000, 2),
+            ttft_ms=monitor.ttft_ms,
+            prompt_chars=monitor.prompt_chars,
+            output_chars=monitor.output_chars,
+            verdict=monitor.verdict,
+            **fields,
+        )
+
+    def _reject_unknown_tenant(self, flow: http.HTTPFlow, request_id: str) -> None:
+        flow.response = http.Response.make(
+            400,
+            error_body(
+                "crosstalk: no tenant could be identified for this request",
+                type="invalid_request_error",
+                code="tenant_required",
+            ),
+            {"content-type": "application/json", "x-request-id": request_id},
+        )
+        self.log.warning("request.rejected", request_id=request_id, reason="no tenant")
+
+    def _note_unknown(self, flow: http.HTTPFlow) -> None:
+        key = f"{flow.request.method} {flow.request.path.split('?')[0]}"
+        if key not in self._unknown_logged and len(self._unknown_logged) < 1000:
+            self._unknown_logged.add(key)
+            self.log.debug(
+                "passthrough.unrecognised",
+                method=flow.request.method,
+                path=flow.request.path.split("?")[0],
+            )

@@ -1,0 +1,163 @@
+"""crosstalk configuration: a TOML file, overridden by command-line flags.
+
+See ``config/crosstalk.example.toml`` for every key with its meaning. Unknown keys are
+an error (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .engine import EngineConfig
+from .tenants import SOURCES
+
+MODES = ("shadow", "enforce")
+UNKNOWN_TENANT = ("anonymous", "reject")
+_ENGINE = EngineConfig()
+
+
+class ConfigError(ValueError):
+    """The configuration cannot be used; the message says which key and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySection:
+    upstream: str = ""  # empty: start the built-in simulator
+    listen_host: str = "127.0.0.1"
+    listen_port: int = 8080
+    mode: str = "shadow"
+    log_file: str = ""  # empty: stderr
+    log_level: str = "info"
+    log_evidence_text: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSection:
+    sources: tuple[str, ...] = SOURCES
+    header: str = "X-Tenant-ID"
+    unknown: str = "anonymous"  # or "reject": 400 with an OpenAI-format error
+    api_keys: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionSection:
+    key: str = ""  # hex; empty generates a key at start (fingerprints then die with it)
+    baseline_dir: str = ""  # empty: the packaged config/baseline
+    k: int = _ENGINE.k
+    winnow_window: int = _ENGINE.winnow_window
+    min_run_words: float = _ENGINE.min_run_words
+    common_tenants: int = _ENGINE.common_tenants
+    same_prompt_similarity: float = _ENGINE.same_prompt_similarity
+    window_seconds: float = _ENGINE.window_seconds
+    max_fingerprints: int = _ENGINE.max_fingerprints
+    entities: bool = _ENGINE.entities
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    proxy: ProxySection = field(default_factory=ProxySection)
+    tenants: TenantSection = field(default_factory=TenantSection)
+    detection: DetectionSection = field(default_factory=DetectionSection)
+
+    def engine_config(self) -> EngineConfig:
+        d = self.detection
+        try:
+            key = bytes.fromhex(d.key) if d.key else None
+        except ValueError as e:
+            raise ConfigError("detection.key must be hex") from e
+        return EngineConfig(
+            key=key,
+            k=d.k,
+            winnow_window=d.winnow_window,
+            min_run_words=d.min_run_words,
+            common_tenants=d.common_tenants,
+            same_prompt_similarity=d.same_prompt_similarity,
+            window_seconds=d.window_seconds,
+            max_fingerprints=d.max_fingerprints,
+            entities=d.entities,
+        )
+
+
+def _section(cls: type, name: str, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(data) - set(fields)
+    if unknown:
+        raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(sorted(unknown))}")
+    values = {}
+    for key, value in data.items():
+        default = getattr(cls(), key)
+        if isinstance(default, tuple) and isinstance(value, list):
+            value = tuple(value)
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, type(default)) or (
+            isinstance(value, bool) and not isinstance(default, bool)
+        ):
+            raise ConfigError(
+                f"{name}.{key} must be {type(default).__name__}, not {type(value).__name__}"
+            )
+        values[key] = value
+    return cls(**values)
+
+
+def validate(config: Config) -> Config:
+    p, t, d = config.proxy, config.tenants, config.detection
+    if p.mode not in MODES:
+        raise ConfigError(f"proxy.mode must be one of {MODES}, not {p.mode!r}")
+    if p.upstream and not p.upstream.startswith(("http://", "https://")):
+        raise ConfigError(f"proxy.upstream must be an http:// or https:// URL: {p.upstream!r}")
+    if not 0 <= p.listen_port <= 65535:
+        raise ConfigError("proxy.listen_port must be 0..65535")
+    if t.unknown not in UNKNOWN_TENANT:
+        raise ConfigError(f"tenants.unknown must be one of {UNKNOWN_TENANT}")
+    if bad := set(t.sources) - set(SOURCES):
+        raise ConfigError(f"tenants.sources: unknown {sorted(bad)}; use {list(SOURCES)}")
+    if d.k < 2 or d.winnow_window < 1 or d.min_run_words <= 0 or d.common_tenants < 2:
+        raise ConfigError(
+            "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"
+        )
+    config.engine_config()
+    return config
+
+
+def load(path: str | Path | None = None, **overrides: Any) -> Config:
+    """Read ``path`` (TOML) if given, apply ``overrides`` (``section__key=value``, None
+    values ignored), validate. Raises ConfigError with a readable message."""
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read config {path}: {e}") from e
+    for name, value in overrides.items():
+        if value is None:
+            continue
+        section, _, key = name.partition("__")
+        data.setdefault(section, {})[key] = value
+    sections = {"proxy": ProxySection, "tenants": TenantSection, "detection": DetectionSection}
+    if unknown := set(data) - set(sections):
+        raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
+    config = Config(**{n: _section(cls, n, data.get(n, {})) for n, cls in sections.items()})
+    return validate(config)
+
+
+def default_baseline_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "config" / "baseline"
+
+
+def load_baseline(directory: str | Path | None) -> list[str]:
+    """Texts of ``*.txt`` under the baseline directory, ``#`` comment lines removed."""
+    root = Path(directory) if directory else default_baseline_dir()
+    if not root.is_dir():
+        return []
+    texts = []
+    for path in sorted(root.glob("**/*.txt")):
+        lines = path.read_text(errors="replace").splitlines()
+        texts.append("\n".join(line for line in lines if not line.lstrip().startswith("#")))
+    return texts

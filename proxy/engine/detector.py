@@ -1,0 +1,529 @@
+"""The detection engine: observe every tenant's prompts and outputs, scan every
+response as it streams, report text that belongs to another tenant.
+
+Three signals:
+
+* fragment -- runs of the victim's output whose k-gram fingerprints belong to one
+  foreign request (its prompt or its output), scored by containment;
+* entity -- a distinctive string (email, IBAN, card, key, ...) of a foreign request;
+* canary -- a string registered for a tenant; certain proof of a leak.
+
+What is *not* foreign, and never counted: the victim tenant's own recent text (its
+prompt, its earlier requests), text that several tenants used (live count in the window,
+plus a decaying sketch over hours), operator baselines, and a foreign request's output
+when the victim asked the same question (temperature-0 engines answer identical prompts
+identically: an identical answer is not a leak).
+
+Everything stored is a keyed hash except the live entities, which stay in memory only
+while their window lasts. No mitmproxy imports: the proxy addon, replay, the probe and
+the benchmarks all drive this same API.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .entities import EntityIndex, EntityScanner, iter_entity_keys
+from .fingerprint import Hasher, StreamShingler, StreamWinnower, winnow
+from .index import CommonnessSketch, FingerprintIndex
+from .tokens import StreamTokenizer, Unit, units_of
+
+FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Detection parameters. Defaults are tuned on ``bench/quality.py`` (README)."""
+
+    key: bytes | None = None  # fingerprint key; None generates one at start
+    k: int = 4  # units per shingle
+    winnow_window: int = 1  # 1 keeps every k-gram (see README for the trade)
+    min_run_words: float = 8.0  # contiguous foreign run that makes a fragment finding
+    # A run made only of words that several tenants use (formulaic text) must be this
+    # many times longer: boilerplate coincides in short runs, private text has names,
+    # numbers and rare words.
+    plain_run_factor: float = 2.0
+    common_tenants: int = 3  # text used by this many tenants is shared, not private
+    same_prompt_similarity: float = 0.5  # prompts this similar excuse identical outputs
+    window_seconds: float = 600.0
+    max_fingerprints: int = 4_000_000
+    sketch_width_bits: int = 21
+    sketch_half_life: float = 3600.0
+    entities: bool = True
+    prompt_signature_size: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """Evidence that part of a response belongs to another tenant."""
+
+    kind: str  # fragment | entity | canary
+    source_tenant: str
+    source_request_id: str
+    score: float  # fragment: share of the response's units that are foreign; else 1.0
+    foreign_units: float  # words of foreign text (a CJK character counts half)
+    start: int  # span of the victim's output (characters of that choice's text)
+    end: int
+    choice: int = 0
+    evidence: str = ""  # keyed hash of the matched fingerprints or entity
+
+
+@dataclass(slots=True)
+class _Request:
+    tenant: str
+    request_id: str
+    time: float
+    signature: np.ndarray  # bottom-k of the prompt's private fingerprints
+    prompt_digest: bytes
+
+
+@dataclass(slots=True)
+class _Run:
+    """Coverage of one victim choice by one foreign request's fingerprints."""
+
+    start: int = -1  # unit index of the current run
+    end: int = -1  # last unit covered
+    best: int = 0  # weight of the best contiguous run
+    best_start: int = 0
+    best_end: int = 0
+    covered: int = 0  # total weight covered
+    fingerprints: list[int] = field(default_factory=list)
+
+
+class Engine:
+    """Multi-tenant leak detector. Single-threaded: call it from one thread/loop."""
+
+    def __init__(self, config: EngineConfig | None = None, *, baseline: Iterable[str] = ()):
+        self.config = config = config or EngineConfig()
+        self.hasher = Hasher(config.key or os.urandom(32), config.k)
+        self.index = FingerprintIndex(max_fingerprints=config.max_fingerprints)
+        self.sketch = CommonnessSketch(
+            width_bits=config.sketch_width_bits, half_life=config.sketch_half_life
+        )
+        self.entities = EntityIndex()
+        self.vocabulary = Vocabulary(config.common_tenants)
+        self.baseline: set[int] = set()
+        self._baseline_entities: set[str] = set()
+        self._requests: dict[int, _Request] = {}
+        self._order: deque[int] = deque()  # slots by time, for expiry
+        self._next_slot = 1
+        self._last_sweep = 0.0
+        for text in baseline:
+            self.add_baseline(text)
+
+    # -- inputs -------------------------------------------------------------------
+
+    def add_baseline(self, text: str) -> None:
+        """Text that is shared by design (system prompts, templates, public documents,
+        boilerplate): never counted as anyone's private text."""
+        units = [u.text for u in units_of(text)]
+        self.baseline.update(self.hasher.kgrams(units))
+        self.vocabulary.add_plain(map(self.hasher.unit, units))
+        self._baseline_entities.update(key for _, key in iter_entity_keys(text))
+
+    def register_canary(self, tenant: str, canary: str) -> None:
+        """A string only ``tenant`` uses; seen anywhere else it is a certain leak."""
+        slot = self._new_slot(tenant, f"canary:{self.hasher.digest(canary.encode())}", 0.0)
+        self.entities.add(canary.lower(), CANARY, tenant, slot << 1, 0.0, pin=True)
+
+    def observe_prompt(
+        self, tenant: str, request_id: str, text: str, now: float | None = None
+    ) -> ResponseScan:
+        """Record a request's prompt and return the scanner for its response.
+
+        Call before the request goes upstream: a page of this prompt can leak into a
+        response that is already streaming.
+        """
+        now = time.time() if now is None else now
+        self._sweep(now)
+        units = [u.text for u in units_of(text)]
+        self.vocabulary.learn(tenant, map(self.hasher.unit, units))
+        fps = self.hasher.kgrams(units)
+        private = self._learn(tenant, fps, now)
+        signature = np.unique(np.fromiter(private, dtype=np.uint64, count=len(private)))
+        slot = self._new_slot(
+            tenant,
+            request_id,
+            now,
+            signature=signature[: self.config.prompt_signature_size],
+            digest=self.hasher.digest(" ".join(units).encode()).encode(),
+        )
+        value = slot << 1
+        for _, fp in winnow(private, self.config.winnow_window):
+            self.index.add(fp, value, now)
+        if self.config.entities:
+            self._add_entities(text, tenant, value, now)
+        return ResponseScan(self, tenant, request_id, slot, now)
+
+    # -- internals shared with ResponseScan -----------------------------------------
+
+    def _learn(self, tenant: str, fps: list[int], now: float) -> list[int]:
+        """Counts ``tenant``'s use of each fingerprint in the commonness sketch and
+        returns those that are still private (not baseline, not common)."""
+        if not fps:
+            return []
+        array = np.fromiter(fps, dtype=np.uint64, count=len(fps))
+        common = self.sketch.counts(array) >= self.config.common_tenants
+        owners = self.index.lookup(fps)
+        first_use = [
+            i
+            for i, values in enumerate(owners)
+            if not common[i] and all(self._tenant_of(v) != tenant for v in values)
+        ]
+        if first_use:
+            self.sketch.increment(np.unique(array[first_use]), now)
+        return [
+            fp
+            for i, fp in enumerate(fps)
+            if not common[i] and fp not in self.baseline and len(owners[i]) < 64
+        ]
+
+    def _tenant_of(self, value: int) -> str | None:
+        record = self._requests.get(value >> 1)
+        return record.tenant if record else None
+
+    def _new_slot(
+        self,
+        tenant: str,
+        request_id: str,
+        now: float,
+        *,
+        signature: np.ndarray | None = None,
+        digest: bytes = b"",
+    ) -> int:
+        slot = self._next_slot
+        self._next_slot += 1
+        if signature is None:
+            signature = np.zeros(0, dtype=np.uint64)
+        self._requests[slot] = _Request(tenant, request_id, now, signature, digest)
+        self._order.append(slot)
+        return slot
+
+    def _add_entities(self, text: str, tenant: str, value: int, now: float) -> None:
+        for kind, key in iter_entity_keys(text):
+            if key not in self._baseline_entities:
+                self.entities.add(key, kind, tenant, value, now)
+
+    def _sweep(self, now: float) -> None:
+        if now - self._last_sweep < 1.0:
+            return
+        self._last_sweep = now
+        horizon = now - self.config.window_seconds
+        while self._order and self._requests[self._order[0]].time < horizon:
+            slot = self._order.popleft()
+            if not self._requests[slot].request_id.startswith("canary:"):
+                del self._requests[slot]
+            else:
+                self._order.append(slot)
+                if all(r.request_id.startswith("canary:") for r in self._requests.values()):
+                    break
+        self.index.evict(horizon)
+        self.entities.expire(horizon)
+
+    def similar_prompts(self, a: int, b: int) -> bool:
+        """Whether requests ``a`` and ``b`` asked (nearly) the same thing."""
+        ra, rb = self._requests.get(a), self._requests.get(b)
+        if ra is None or rb is None:
+            return False
+        if ra.prompt_digest == rb.prompt_digest:
+            return True
+        small = min(len(ra.signature), len(rb.signature))
+        if small == 0:
+            return False
+        shared = len(np.intersect1d(ra.signature, rb.signature, assume_unique=True))
+        return shared / small >= self.config.same_prompt_similarity
+
+    @property
+    def fingerprints(self) -> int:
+        return len(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        return self.index.nbytes + self.sketch.nbytes
+
+
+class ResponseScan:
+    """Scans one response, delta by delta, per choice. Also records the response's
+    own output as a source for later responses (outputs leak as well as prompts)."""
+
+    def __init__(self, engine: Engine, tenant: str, request_id: str, slot: int, now: float):
+        self.engine = engine
+        self.tenant = tenant
+        self.request_id = request_id
+        self.slot = slot
+        self.findings: list[Finding] = []
+        self._choices: dict[int, _ChoiceState] = {}
+        self._now = now
+        self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
+        self.finished = False
+
+    def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list[Finding]:
+        """Scan one output delta; returns the findings it completed."""
+        if now is not None:
+            self._now = now
+        state = self._choices.get(choice)
+        if state is None:
+            state = self._choices[choice] = _ChoiceState(self.engine)
+        found = self._scan_units(state, choice, state.tokenizer.feed(delta))
+        if state.entities is not None:
+            self.engine.entities.maybe_rebuild()
+            found += self._entity_findings(state, choice, state.entities.feed(delta))
+        return found
+
+    def finish(self, now: float | None = None) -> list[Finding]:
+        """End of the response: flush held-back text and register the output's
+        entities. Returns the findings completed by the end."""
+        if self.finished:
+            return []
+        self.finished = True
+        if now is not None:
+            self._now = now
+        found: list[Finding] = []
+        for choice, state in self._choices.items():
+            found += self._scan_units(state, choice, state.tokenizer.flush(), final=True)
+            self.engine.vocabulary.learn(self.tenant, state.hashes)
+            if state.entities is not None:
+                found += self._entity_findings(state, choice, state.entities.finish())
+                output_value = (self.slot << 1) | 1
+                self.engine._add_entities(state.entities.text, self.tenant, output_value, self._now)
+        return found
+
+    @property
+    def output_units(self) -> int:
+        return sum(len(s.weights) for s in self._choices.values())
+
+    # -- fragments -----------------------------------------------------------------
+
+    def _scan_units(
+        self, state: _ChoiceState, choice: int, units: list[Unit], *, final: bool = False
+    ) -> list[Finding]:
+        engine = self.engine
+        new: list[tuple[int, int]] = []
+        for unit in units:
+            state.add_unit(unit, engine.hasher.unit(unit.text))
+            kgram = state.shingler.push(unit.text)
+            if kgram is not None:
+                new.append((kgram.index, kgram.fingerprint))
+        selected = [s for i, fp in new if (s := state.winnower.push(i, fp))]
+        if final and (tail := state.winnower.flush()):
+            selected.append(tail)
+        if not new:
+            self._index_output(selected)
+            return []
+        fps = [fp for _, fp in new]
+        private = set(engine._learn(self.tenant, fps, self._now))
+        owners = engine.index.lookup(fps)
+        touched: set[int] = set()
+        for (index, fp), values in zip(new, owners, strict=True):
+            if not values or fp not in private:
+                continue
+            foreign = self._foreign_slots(values)
+            for slot in foreign:
+                state.cover(slot, index, engine.config.k, fp)
+                touched.add(slot)
+        self._index_output(selected, private)
+        return self._fragment_findings(state, choice, touched)
+
+    def _foreign_slots(self, values: tuple[int, ...]) -> list[int]:
+        engine = self.engine
+        tenants: set[str] = set()
+        slots: list[int] = []
+        for value in values:
+            record = engine._requests.get(value >> 1)
+            if record is None:
+                continue  # expired
+            tenants.add(record.tenant)
+            if value & 1 and engine.similar_prompts(self.slot, value >> 1):
+                continue  # same question, same answer
+            slots.append(value >> 1)
+        if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
+            return []
+        return slots
+
+    def _index_output(self, selected: list[tuple[int, int]], private: set[int] | None = None):
+        value = (self.slot << 1) | 1
+        for _, fp in selected:
+            if private is None or fp in private:
+                self.engine.index.add(fp, value, self._now)
+
+    def _fragment_findings(
+        self, state: _ChoiceState, choice: int, touched: set[int]
+    ) -> list[Finding]:
+        threshold = round(self.engine.config.min_run_words * 2)
+        found = []
+        for slot in touched:
+            run = state.runs[slot]
+            record = self.engine._requests.get(slot)
+            if run.best < threshold or record is None:
+                continue
+            if run.best < threshold * self.engine.config.plain_run_factor and all(
+                self.engine.vocabulary.is_plain(h)
+                for h in state.hashes[run.best_start : run.best_end + 1]
+            ):
+                continue
+            if (FRAGMENT, record.tenant) in self._reported:
+                continue
+            self._reported.add((FRAGMENT, record.tenant))
+            total = state.cumulative[-1]
+            evidence = self.engine.hasher.digest(
+                b"".join(fp.to_bytes(8, "little") for fp in run.fingerprints)
+            )
+            found.append(
+                Finding(
+                    FRAGMENT,
+                    record.tenant,
+                    record.request_id,
+                    round(run.covered / total, 4) if total else 0.0,
+                    run.covered / 2,
+                    state.starts[run.best_start],
+                    state.ends[run.best_end],
+                    choice,
+                    evidence,
+                )
+            )
+        self.findings += found
+        return found
+
+    # -- entities and canaries -------------------------------------------------------
+
+    def _entity_findings(
+        self, state: _ChoiceState, choice: int, matches: list[tuple[int, int, str]]
+    ) -> list[Finding]:
+        found = []
+        for start, end, key in matches:
+            owner = self.engine.entities.table.get(key)
+            if owner is None or self.tenant in owner.tenants:
+                continue
+            is_canary = owner.kind == CANARY
+            if not is_canary and len(owner.tenants) >= self.engine.config.common_tenants:
+                continue
+            sources = [
+                (t, value)
+                for t, (value, _) in sorted(owner.tenants.items(), key=lambda item: -item[1][1])
+                if not (value & 1 and self.engine.similar_prompts(self.slot, value >> 1))
+            ]
+            if not sources:
+                continue  # only in answers to the same question
+            tenant, value = sources[0]
+            slot = value >> 1
+            kind = CANARY if is_canary else ENTITY
+            if (kind, tenant) in self._reported:
+                continue
+            self._reported.add((kind, tenant))
+            record = self.engine._requests.get(slot)
+            found.append(
+                Finding(
+                    kind,
+                    tenant,
+                    record.request_id if record else "",
+                    1.0,
+                    1.0,
+                    start,
+                    end,
+                    choice,
+                    self.engine.hasher.digest(key.encode()),
+                )
+            )
+        self.findings += found
+        return found
+
+
+class _ChoiceState:
+    """Per-choice streaming state: tokenizer, shingler, unit offsets, coverage runs."""
+
+    __slots__ = (
+        "tokenizer",
+        "shingler",
+        "winnower",
+        "entities",
+        "starts",
+        "ends",
+        "weights",
+        "hashes",
+        "cumulative",
+        "runs",
+    )
+
+    def __init__(self, engine: Engine) -> None:
+        self.tokenizer = StreamTokenizer()
+        self.shingler = StreamShingler(engine.hasher)
+        self.winnower = StreamWinnower(engine.config.winnow_window)
+        self.entities = EntityScanner(engine.entities) if engine.config.entities else None
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.weights: list[int] = []
+        self.hashes: list[int] = []
+        self.cumulative: list[int] = [0]
+        self.runs: dict[int, _Run] = {}
+
+    def add_unit(self, unit: Unit, unit_hash: int) -> None:
+        self.hashes.append(unit_hash)
+        self.starts.append(unit.start)
+        self.ends.append(unit.end)
+        self.weights.append(unit.weight)
+        self.cumulative.append(self.cumulative[-1] + unit.weight)
+
+    def cover(self, slot: int, index: int, k: int, fp: int) -> None:
+        """Mark units ``index .. index+k-1`` as matching ``slot``."""
+        run = self.runs.get(slot)
+        if run is None:
+            run = self.runs[slot] = _Run()
+        last = index + k - 1
+        cum = self.cumulative
+        if run.start < 0 or index > run.end + 1:
+            run.start, run.end = index, last
+            run.covered += cum[last + 1] - cum[index]
+        else:
+            run.covered += cum[last + 1] - cum[max(run.end + 1, index)]
+            run.end = max(run.end, last)
+        weight = cum[run.end + 1] - cum[run.start]
+        if weight > run.best:
+            run.best, run.best_start, run.best_end = weight, run.start, run.end
+        if len(run.fingerprints) < 64:
+            run.fingerprints.append(fp)
+
+
+class Vocabulary:
+    """Which words several tenants use: learned from traffic, bounded.
+
+    A word (unit) is *plain* once ``common_tenants`` distinct tenants used it; until
+    then it is distinctive. Boilerplate is made of plain words; private text nearly
+    always carries a distinctive one (a name, a number, a product, a rare term).
+    Holds keyed unit hashes, never words.
+    """
+
+    __slots__ = ("_common_tenants", "_users", "_plain", "max_entries")
+
+    def __init__(self, common_tenants: int, max_entries: int = 1_000_000) -> None:
+        self._common_tenants = common_tenants
+        self._users: dict[int, set[str]] = {}
+        self._plain: set[int] = set()
+        self.max_entries = max_entries
+
+    def learn(self, tenant: str, units: Iterable[int]) -> None:
+        plain, users = self._plain, self._users
+        for unit in set(units):
+            if unit in plain:
+                continue
+            seen = users.get(unit)
+            if seen is None:
+                if len(users) >= self.max_entries:
+                    users.clear()  # rare words of the past; plain ones are kept
+                users[unit] = {tenant}
+            elif tenant not in seen:
+                seen.add(tenant)
+                if len(seen) >= self._common_tenants:
+                    plain.add(unit)
+                    del users[unit]
+
+    def add_plain(self, units: Iterable[int]) -> None:
+        self._plain.update(units)
+
+    def is_plain(self, unit: int) -> bool:
+        return unit in self._plain

@@ -1,0 +1,303 @@
+"""Distinctive entities: strings that identify a person or an account.
+
+``extract_entities`` finds them in a text (emails, phone numbers, IBANs, card numbers,
+national ids, API keys and tokens, long digit ids, URLs carrying secrets), validating
+checksums where the format has one so that ordinary numbers are not mistaken for cards
+or IBANs. ``EntityIndex`` keeps the live ones in pyahocorasick automata, rebuilt in
+generations (a large *base* rebuilt rarely, a small *recent* one rebuilt often, and a
+short pending list scanned directly until the next rebuild), and ``EntityScanner`` scans
+an output stream against them with the automaton state carried across deltas.
+
+Matching is on lowercased text, exactly: a leaked page is a verbatim copy.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import ahocorasick
+
+MIN_ENTITY_CHARS = 6
+# pyahocorasick 2.x crashes (segfault) when an iterator continued with set(..., False)
+# meets characters outside the Basic Multilingual Plane; no entity contains one, so
+# they are replaced one-for-one (offsets are unchanged).
+_ASTRAL = re.compile("[\U00010000-\U0010ffff]")
+MAX_ENTITY_CHARS = 256
+
+
+def luhn_ok(digits: str) -> bool:
+    total = 0
+    for i, ch in enumerate(reversed(digits)):
+        d = ord(ch) - 48
+        if i % 2:
+            d = d * 2 - 9 if d > 4 else d * 2
+        total += d
+    return total % 10 == 0
+
+
+def iban_ok(iban: str) -> bool:
+    s = iban.replace(" ", "").upper()
+    if not 15 <= len(s) <= 34:
+        return False
+    rearranged = s[4:] + s[:4]
+    try:
+        return int("".join(str(int(c, 36)) for c in rearranged)) % 97 == 1
+    except ValueError:
+        return False
+
+
+def _digits(s: str) -> str:
+    return re.sub(r"\D", "", s)
+
+
+# (kind, pattern, validator). Order matters: the first kind to claim a span wins.
+_PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
+    ("email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}", re.I), lambda s: True),
+    (
+        "url_secret",
+        re.compile(
+            r"https?://[^\s\"'<>]*?(?:[?&](?:token|key|sig|signature|secret|password|"
+            r"access_token|api_key|auth)=[^\s&\"'<>]{6,}|//[^\s/@:]+:[^\s/@]+@)[^\s\"'<>]*",
+            re.I,
+        ),
+        lambda s: True,
+    ),
+    (
+        "api_key",
+        re.compile(
+            r"\b(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|"
+            r"AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|"
+            r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})"
+        ),
+        lambda s: True,
+    ),
+    (
+        "iban",
+        re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"),
+        iban_ok,
+    ),
+    ("card", re.compile(r"\b\d(?:[ -]?\d){12,18}\b"), lambda s: luhn_ok(_digits(s))),
+    ("national_id", re.compile(r"\b\d{3}-\d{2}-\d{4}\b|\b[A-Z]{2}\d{6}[A-D]\b"), lambda s: True),
+    (
+        "phone",
+        re.compile(
+            r"(?<![\w+])\+\d{1,3}[ .-]?\(?\d{1,4}\)?(?:[ .-]?\d{2,4}){2,4}\b|\(\d{3}\) ?\d{3}-\d{4}\b"
+        ),
+        lambda s: 8 <= len(_digits(s)) <= 15,
+    ),
+    ("digit_id", re.compile(r"\b[A-Z]{0,4}-?\d{8,}\b", re.I), lambda s: True),
+    (
+        "token",  # generic secrets: long mixed-case alphanumerics with digits
+        re.compile(
+            r"\b(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[a-z])(?=[A-Za-z0-9_-]*[A-Z])[A-Za-z0-9_-]{24,}\b"
+        ),
+        lambda s: True,
+    ),
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Entity:
+    kind: str
+    text: str
+    start: int
+    end: int
+
+
+def extract_entities(text: str) -> list[Entity]:
+    """Entities in ``text``, non-overlapping, in order of position."""
+    claimed: list[tuple[int, int]] = []
+    found: list[Entity] = []
+    for kind, pattern, valid in _PATTERNS:
+        for m in pattern.finditer(text):
+            s, e = m.span()
+            value = m.group(0).rstrip(".,;:)")
+            e = s + len(value)
+            if not MIN_ENTITY_CHARS <= len(value) <= MAX_ENTITY_CHARS or not valid(value):
+                continue
+            if any(s < ce and cs < e for cs, ce in claimed):
+                continue
+            claimed.append((s, e))
+            found.append(Entity(kind, value, s, e))
+    found.sort(key=lambda ent: ent.start)
+    return found
+
+
+@dataclass(slots=True)
+class EntityOwner:
+    """Who used an entity: tenant -> (the caller's value for its latest use, time)."""
+
+    kind: str
+    tenants: dict[str, tuple[int, float]] = field(default_factory=dict)
+    pinned: bool = False  # canaries never expire
+
+
+class EntityIndex:
+    """Live entities of the window, by lowercased text, with their owners."""
+
+    def __init__(self, *, recent_max: int = 4096, rebuild_interval: float = 0.2) -> None:
+        self.table: dict[str, EntityOwner] = {}
+        self.recent_max = recent_max
+        self.rebuild_interval = rebuild_interval
+        self.generation = 0
+        self.base: ahocorasick.Automaton | None = None
+        self.recent: ahocorasick.Automaton | None = None
+        self._recent_keys: list[str] = []
+        self.pending: list[str] = []
+        self._last_rebuild = 0.0
+        self.longest = MIN_ENTITY_CHARS
+
+    def add(self, key: str, kind: str, tenant: str, value: int, now: float, *, pin: bool = False):
+        if _ASTRAL.search(key):
+            return
+        owner = self.table.get(key)
+        if owner is None:
+            owner = self.table[key] = EntityOwner(kind)
+            self.pending.append(key)
+            self.longest = max(self.longest, len(key))
+        owner.tenants[tenant] = (value, now)
+        owner.pinned |= pin
+
+    def expire(self, older_than: float) -> int:
+        """Forget owners older than ``older_than``; returns entities dropped. The
+        automata still hold dropped keys until the next base rebuild: a match on a key
+        no longer in ``table`` is ignored."""
+        dropped = 0
+        for key in list(self.table):
+            owner = self.table[key]
+            if owner.pinned:
+                continue
+            for tenant, (_, t) in list(owner.tenants.items()):
+                if t < older_than:
+                    del owner.tenants[tenant]
+            if not owner.tenants:
+                del self.table[key]
+                dropped += 1
+        return dropped
+
+    def maybe_rebuild(self, now: float | None = None) -> None:
+        """Move pending keys into an automaton, at most every ``rebuild_interval`` s."""
+        if not self.pending:
+            return
+        now = time.monotonic() if now is None else now
+        if now - self._last_rebuild < self.rebuild_interval and len(self.pending) < 256:
+            return
+        self._last_rebuild = now
+        self._recent_keys.extend(self.pending)
+        self.pending = []
+        if len(self._recent_keys) > self.recent_max:
+            self.base = _automaton(self.table)
+            self._recent_keys = []
+            self.recent = None
+        else:
+            self.recent = _automaton(self._recent_keys)
+        self.generation += 1
+
+    def automata(self) -> list[ahocorasick.Automaton]:
+        return [a for a in (self.base, self.recent) if a is not None]
+
+
+def _automaton(keys) -> ahocorasick.Automaton | None:
+    a = ahocorasick.Automaton()
+    for key in keys:
+        a.add_word(key, key)
+    if len(a) == 0:
+        return None
+    a.make_automaton()
+    return a
+
+
+class EntityScanner:
+    """Scans one output stream (lowercased deltas) for live entities.
+
+    Each automaton's search iterator keeps its state across deltas; when the index
+    swaps automata, fresh iterators are primed with the last ``longest - 1`` characters
+    so that an entity cut by the swap is still found. Keys still pending (added since
+    the last rebuild) are searched in the tail directly. A match must stand on word
+    boundaries (so ``12345678`` does not match inside ``9123456789``); a match that
+    ends exactly at the end of the text so far is confirmed by the next delta or by
+    ``finish``.
+    """
+
+    def __init__(self, index: EntityIndex) -> None:
+        self._index = index
+        self._text: list[str] = []
+        self._length = 0
+        self._tail = ""
+        self._generation = -1
+        self._iterators: list = []
+        self._undecided: list[tuple[int, str]] = []  # (end, key) awaiting the next char
+        self._seen: set[tuple[int, str]] = set()
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    def feed(self, delta: str) -> list[tuple[int, int, str]]:
+        """Returns confirmed ``(start, end, key)`` matches, offsets into the stream."""
+        delta = delta.lower()
+        if not delta.isascii():
+            delta = _ASTRAL.sub("\ufffd", delta)
+        if not delta:
+            return []
+        base = self._length
+        self._text.append(delta)
+        self._length += len(delta)
+        candidates: list[tuple[int, str]] = []
+        if self._generation != self._index.generation:
+            # Automata swapped: new iterators, primed with the tail so that an entity
+            # cut by the swap is still found.
+            self._generation = self._index.generation
+            origin = base - len(self._tail)
+            self._iterators = [(a.iter(self._tail + delta), origin) for a in self._index.automata()]
+        else:
+            for it, _ in self._iterators:
+                it.set(delta, False)
+        for it, origin in self._iterators:
+            # A continued iterator counts positions over all the input it was given.
+            candidates.extend((origin + end + 1, key) for end, key in it if origin + end + 1 > base)
+        window = self._tail + delta
+        window_base = base - len(self._tail)
+        for key in self._index.pending:
+            start = window.find(key)
+            while start != -1:
+                end = window_base + start + len(key)
+                if end > base:
+                    candidates.append((end, key))
+                start = window.find(key, start + 1)
+        self._tail = window[-(self._index.longest - 1) :] if self._index.longest > 1 else ""
+        return self._confirm(candidates, final=False)
+
+    def finish(self) -> list[tuple[int, int, str]]:
+        return self._confirm([], final=True)
+
+    def _confirm(self, new: list[tuple[int, str]], *, final: bool) -> list[tuple[int, int, str]]:
+        text = None
+        out: list[tuple[int, int, str]] = []
+        undecided: list[tuple[int, str]] = []
+        for end, key in self._undecided + new:
+            if (end, key) in self._seen:
+                continue
+            if end == self._length and not final and key[-1].isalnum():
+                undecided.append((end, key))
+                continue
+            if text is None:
+                text = self.text
+            start = end - len(key)
+            before = text[start - 1] if start > 0 else " "
+            after = text[end] if end < len(text) else " "
+            if (key[0].isalnum() and before.isalnum()) or (key[-1].isalnum() and after.isalnum()):
+                continue
+            self._seen.add((end, key))
+            out.append((start, end, key))
+        self._undecided = undecided
+        return out
+
+
+def iter_entity_keys(text: str) -> Iterator[tuple[str, str]]:
+    """``(kind, key)`` for every entity in ``text``; key is the lowercased text."""
+    for ent in extract_entities(text):
+        yield ent.kind, ent.text.lower()

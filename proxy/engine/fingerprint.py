@@ -1,0 +1,156 @@
+"""Keyed fingerprints of unit k-grams, and winnowing.
+
+Every unit is hashed with BLAKE2b under a secret key (64 bits); a k-gram's fingerprint
+combines the hashes of its k units in order. Keyed, so stored fingerprints cannot be
+brute-forced back into words by someone without the key, and stable across processes
+(Python's ``hash()`` is salted per process and would not be).
+
+Winnowing (Schleimer, Wilkerson, Aiken 2003) keeps the minimum fingerprint of every
+window of ``w`` consecutive k-grams: any shared run of ``w + k - 1`` units keeps at least
+one shared fingerprint. ``w = 1`` keeps every k-gram.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+_MASK = (1 << 64) - 1
+_PRIME = 0x9E3779B97F4A7C15  # odd 64-bit multiplier: position-sensitive combining
+_UNIT_CACHE_LIMIT = 200_000
+
+
+def _mix64(x: int) -> int:
+    """splitmix64 finaliser: spreads the combined k-gram value over all 64 bits."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+class Hasher:
+    """Keyed 64-bit hashes of units and k-grams. Not thread-safe (unit cache)."""
+
+    __slots__ = ("key", "key_id", "k", "_cache")
+
+    def __init__(self, key: bytes, k: int) -> None:
+        if not 16 <= len(key) <= 64:
+            raise ValueError("fingerprint key must be 16 to 64 bytes")
+        if k < 1:
+            raise ValueError("k must be >= 1")
+        self.key = key
+        self.k = k
+        #: Identifies the key in journals and logs without revealing it.
+        self.key_id = hashlib.blake2b(b"crosstalk-key-id", key=key, digest_size=6).hexdigest()
+        self._cache: dict[str, int] = {}
+
+    def unit(self, text: str) -> int:
+        h = self._cache.get(text)
+        if h is None:
+            if len(self._cache) >= _UNIT_CACHE_LIMIT:
+                self._cache.clear()
+            digest = hashlib.blake2b(text.encode(), key=self.key, digest_size=8).digest()
+            h = self._cache[text] = int.from_bytes(digest, "little")
+        return h
+
+    def kgram(self, unit_hashes: Iterable[int]) -> int:
+        h = 0
+        for u in unit_hashes:
+            h = (h * _PRIME + u) & _MASK
+        return _mix64(h)
+
+    def digest(self, data: bytes) -> str:
+        """Keyed hex digest for evidence in logs (entities, whole texts)."""
+        return hashlib.blake2b(data, key=self.key, digest_size=8).hexdigest()
+
+    def kgrams(self, units: Sequence[str]) -> list[int]:
+        """Fingerprints of every k-gram of a complete unit sequence, in order."""
+        hashes = [self.unit(u) for u in units]
+        k = self.k
+        return [self.kgram(hashes[i : i + k]) for i in range(len(hashes) - k + 1)]
+
+
+@dataclass(slots=True)
+class KGram:
+    """A k-gram completed by the latest unit: ``index`` of its first unit."""
+
+    index: int
+    fingerprint: int
+
+
+class StreamShingler:
+    """Emits each k-gram as soon as its last unit arrives."""
+
+    __slots__ = ("_hasher", "_window", "_count")
+
+    def __init__(self, hasher: Hasher) -> None:
+        self._hasher = hasher
+        self._window: deque[int] = deque(maxlen=hasher.k)
+        self._count = 0
+
+    def push(self, unit_text: str) -> KGram | None:
+        self._window.append(self._hasher.unit(unit_text))
+        self._count += 1
+        if len(self._window) < self._hasher.k:
+            return None
+        return KGram(self._count - self._hasher.k, self._hasher.kgram(self._window))
+
+
+def winnow(fingerprints: Sequence[int], w: int) -> list[tuple[int, int]]:
+    """Winnowed ``(index, fingerprint)`` pairs: the rightmost minimum of each window.
+
+    A text shorter than one window keeps its minimum, so short texts still count.
+    """
+    n = len(fingerprints)
+    if w <= 1 or n <= 1:
+        return list(enumerate(fingerprints))
+    selected: list[tuple[int, int]] = []
+    window: deque[int] = deque()  # indices with increasing fingerprints
+    last = -1
+    for i, fp in enumerate(fingerprints):
+        while window and fingerprints[window[-1]] >= fp:
+            window.pop()
+        window.append(i)
+        if window[0] <= i - w:
+            window.popleft()
+        if i >= w - 1 or i == n - 1:
+            m = window[0]
+            if m != last:
+                selected.append((m, fingerprints[m]))
+                last = m
+    return selected
+
+
+class StreamWinnower:
+    """Winnowing over a stream of fingerprints; same selection as ``winnow``
+    for the windows it has seen (a short stream's minimum comes out in ``flush``)."""
+
+    __slots__ = ("_w", "_window", "_seen", "_last")
+
+    def __init__(self, w: int) -> None:
+        self._w = w
+        self._window: deque[tuple[int, int]] = deque()
+        self._seen = 0
+        self._last = -1
+
+    def push(self, index: int, fp: int) -> tuple[int, int] | None:
+        if self._w <= 1:
+            return (index, fp)
+        window = self._window
+        while window and window[-1][1] >= fp:
+            window.pop()
+        window.append((index, fp))
+        self._seen += 1
+        if window[0][0] <= index - self._w:
+            window.popleft()
+        if self._seen >= self._w and window[0][0] != self._last:
+            self._last = window[0][0]
+            return window[0]
+        return None
+
+    def flush(self) -> tuple[int, int] | None:
+        if self._w > 1 and 0 < self._seen < self._w and self._window:
+            self._last = self._window[0][0]
+            return self._window[0]
+        return None

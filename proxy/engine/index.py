@@ -1,0 +1,208 @@
+"""Where fingerprints live: a time-ordered index of generations, and a commonness sketch.
+
+``FingerprintIndex`` maps a 64-bit fingerprint to the values (request slots) that
+contributed it. New fingerprints go to a small *hot* dict; when it fills, it is frozen
+into a sorted numpy generation (12 bytes a fingerprint) that is searched with a batched
+binary search. Whole generations are dropped when they fall out of the time window or
+when the fingerprint cap is reached (oldest first), so memory is bounded.
+
+``CommonnessSketch`` is a count-min sketch of how many distinct tenants used a
+fingerprint, decaying over hours: text that many tenants use (shared system prompts,
+boilerplate) becomes common and stops counting as anyone's private text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+_EMPTY: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class _Generation:
+    keys: np.ndarray  # uint64, sorted
+    values: np.ndarray  # uint32, aligned with keys
+    newest: float  # time of the newest fingerprint in it
+
+
+class FingerprintIndex:
+    """Fingerprint -> values, bounded by time and by count.
+
+    Values are small ints chosen by the caller (< 2**32). A fingerprint keeps at most
+    ``max_values_per_key`` values in the hot generation (newest kept): a key used that
+    often is common text, which the caller stops adding anyway.
+    """
+
+    def __init__(
+        self,
+        *,
+        freeze_size: int = 65_536,
+        max_generations: int = 8,
+        max_fingerprints: int = 4_000_000,
+        max_values_per_key: int = 8,
+    ) -> None:
+        self.freeze_size = freeze_size
+        self.max_generations = max_generations
+        self.max_fingerprints = max_fingerprints
+        self.max_values_per_key = max_values_per_key
+        self._hot: dict[int, int | list[int]] = {}
+        self._hot_count = 0
+        self._hot_newest = 0.0
+        self._generations: list[_Generation] = []  # oldest first
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return self._hot_count + sum(len(g.keys) for g in self._generations)
+
+    @property
+    def nbytes(self) -> int:
+        """Approximate memory held: numpy buffers plus ~100 bytes per hot entry."""
+        frozen = sum(g.keys.nbytes + g.values.nbytes for g in self._generations)
+        return frozen + 100 * self._hot_count
+
+    def add(self, fingerprint: int, value: int, now: float) -> None:
+        hot = self._hot
+        current = hot.get(fingerprint)
+        if current is None:
+            hot[fingerprint] = value
+        elif isinstance(current, int):
+            if current == value:
+                return
+            hot[fingerprint] = [current, value]
+        else:
+            if value in current:
+                return
+            current.append(value)
+            if len(current) > self.max_values_per_key:
+                del current[0]
+                self._hot_count -= 1
+        self._hot_count += 1
+        self._hot_newest = now
+        if self._hot_count >= self.freeze_size:
+            self._freeze()
+
+    def lookup(self, fingerprints: Sequence[int]) -> list[tuple[int, ...]]:
+        """Values for each fingerprint, in order (empty tuple when unknown)."""
+        result: list[tuple[int, ...]] = []
+        hot = self._hot
+        for fp in fingerprints:
+            v = hot.get(fp)
+            result.append(_EMPTY if v is None else (v,) if isinstance(v, int) else tuple(v))
+        if not self._generations or not fingerprints:
+            return result
+        query = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
+        for gen in self._generations:
+            keys = gen.keys
+            pos = keys.searchsorted(query)
+            pos[pos == len(keys)] = len(keys) - 1
+            hit = np.flatnonzero(keys[pos] == query)
+            for i in hit.tolist():
+                lo = int(pos[i])
+                hi = int(keys.searchsorted(query[i], side="right"))
+                result[i] = result[i] + tuple(gen.values[lo:hi].tolist())
+        return result
+
+    def evict(self, older_than: float) -> int:
+        """Drop generations whose newest fingerprint is older than ``older_than``."""
+        dropped = 0
+        while self._generations and self._generations[0].newest < older_than:
+            dropped += len(self._generations.pop(0).keys)
+        if self._hot and self._hot_newest < older_than:
+            dropped += self._hot_count
+            self._hot.clear()
+            self._hot_count = 0
+        self.evicted += dropped
+        return dropped
+
+    def _freeze(self) -> None:
+        keys: list[int] = []
+        values: list[int] = []
+        for fp, v in self._hot.items():
+            if isinstance(v, int):
+                keys.append(fp)
+                values.append(v)
+            else:
+                keys.extend([fp] * len(v))
+                values.extend(v)
+        k = np.array(keys, dtype=np.uint64)
+        order = np.argsort(k, kind="stable")
+        self._generations.append(
+            _Generation(k[order], np.array(values, dtype=np.uint32)[order], self._hot_newest)
+        )
+        self._hot = {}
+        self._hot_count = 0
+        self._compact()
+
+    def _compact(self) -> None:
+        while len(self) > self.max_fingerprints and self._generations:
+            self.evicted += len(self._generations.pop(0).keys)
+        while len(self._generations) > self.max_generations:
+            sizes = [
+                len(a.keys) + len(b.keys)
+                for a, b in zip(self._generations, self._generations[1:], strict=False)
+            ]
+            i = sizes.index(min(sizes))
+            a, b = self._generations[i], self._generations[i + 1]
+            keys = np.concatenate([a.keys, b.keys])
+            order = np.argsort(keys, kind="stable")
+            merged = _Generation(
+                keys[order], np.concatenate([a.values, b.values])[order], max(a.newest, b.newest)
+            )
+            self._generations[i : i + 2] = [merged]
+
+
+class CommonnessSketch:
+    """Count-min sketch of distinct-tenant counts per fingerprint, halved every
+    ``half_life`` seconds so that text stops being common when tenants stop using it.
+
+    Over-estimates only: a private fingerprint may look common with probability about
+    ``(load) ** depth``, which costs a little recall, never a false alarm.
+    """
+
+    _SEEDS = np.array(
+        [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5],
+        dtype=np.uint64,
+    )
+
+    def __init__(self, *, width_bits: int = 21, depth: int = 4, half_life: float = 3600.0):
+        if not 1 <= depth <= len(self._SEEDS):
+            raise ValueError(f"depth must be 1..{len(self._SEEDS)}")
+        self._mask = np.uint64((1 << width_bits) - 1)
+        self._counts = np.zeros((depth, 1 << width_bits), dtype=np.uint16)
+        self._rows = np.arange(depth)[:, None]
+        self._seeds = self._SEEDS[:depth, None]
+        self.half_life = half_life
+        self._last_decay: float | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self._counts.nbytes
+
+    def _slots(self, fingerprints: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            mixed = (fingerprints[None, :] ^ self._seeds) * np.uint64(0xFF51AFD7ED558CCD)
+        return ((mixed >> np.uint64(29)) & self._mask).astype(np.intp)
+
+    def counts(self, fingerprints: np.ndarray) -> np.ndarray:
+        if not len(fingerprints):
+            return np.zeros(0, dtype=np.uint16)
+        return self._counts[self._rows, self._slots(fingerprints)].min(axis=0)
+
+    def increment(self, fingerprints: np.ndarray, now: float) -> None:
+        self._decay(now)
+        if not len(fingerprints):
+            return
+        slots = self._slots(fingerprints)
+        current = self._counts[self._rows, slots]
+        self._counts[self._rows, slots] = np.minimum(current.astype(np.uint32) + 1, 65535)
+
+    def _decay(self, now: float) -> None:
+        if self._last_decay is None:
+            self._last_decay = now
+        elif now - self._last_decay >= self.half_life:
+            halvings = int((now - self._last_decay) // self.half_life)
+            self._counts >>= min(halvings, 16)
+            self._last_decay += halvings * self.half_life
