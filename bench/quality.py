@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import tempfile
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
+from proxy.config import load_baseline  # noqa: E402
 from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
 from proxy.engine.tokens import WORD_WEIGHT, units_of  # noqa: E402
@@ -64,14 +66,17 @@ def deltas(text: str, rng: random.Random) -> list[str]:
     return out
 
 
-def run_traffic(args: argparse.Namespace, config: EngineConfig) -> tuple[list[Exchange], Engine]:
-    rng = random.Random(args.seed)
-    workload = Workload(tenants=args.tenants, seed=args.seed)
-    injector = FaultInjector(args.leak_rate, seed=args.seed + 1)
-    baseline = [p.read_text() for p in sorted(Path(args.baseline).glob("*.txt"))]
-    engine = Engine(config, baseline=baseline)
+def run_traffic(
+    args: argparse.Namespace, config: EngineConfig, *, seed: int, requests: int, state: Path | None
+) -> tuple[list[Exchange], Engine]:
+    rng = random.Random(seed)
+    workload = Workload(tenants=args.tenants, seed=seed)
+    injector = FaultInjector(args.leak_rate, seed=seed + 1)
+    engine = Engine(config, baseline=load_baseline(args.baseline))
+    if state is not None and state.exists():
+        engine.load_commonness(state)
     exchanges: list[Exchange] = []
-    requests = list(workload.requests(args.requests))
+    requests = list(workload.requests(requests))
     clock = 1_000_000.0
     for b in range(0, len(requests), args.concurrency):
         batch = []
@@ -105,21 +110,24 @@ def shingles(text: str) -> list[tuple[tuple[str, ...], list]]:
 
 
 class Oracle:
+    """Who used which 4-unit shingle anywhere in the benchmark, leaked copies excluded."""
+
     def __init__(self, exchanges: list[Exchange]) -> None:
         self.users: dict[tuple[str, ...], set[str]] = defaultdict(set)
         for ex in exchanges:
-            for text in (ex.prompt, ex.answer if ex.fault is None else ex.answer):
+            own_answer = ex.answer
+            if ex.fault is not None and ex.fault.leaked_text:
+                own_answer = ex.answer.replace(ex.fault.leaked_text, "\n")
+            for text in (ex.prompt, own_answer):
                 for gram, _ in shingles(text):
                     self.users[gram].add(ex.tenant)
-        # A victim's copy of leaked text is not a use by the victim: remove it again.
-        self._leaked_by: dict[tuple[str, ...], set[str]] = defaultdict(set)
 
     def private_run(self, source: str, leaked: str) -> float:
         units = units_of(leaked)
         private = [False] * len(units)
         for i in range(len(units) - ORACLE_K + 1):
             gram = tuple(u.text for u in units[i : i + ORACLE_K])
-            if self.users.get(gram, set()) <= {source} | self.victims_of(gram):
+            if self.users.get(gram, set()) <= {source}:
                 for j in range(i, i + ORACLE_K):
                     private[j] = True
         best = run = 0
@@ -127,13 +135,6 @@ class Oracle:
             run = run + unit.weight if p else 0
             best = max(best, run)
         return best / WORD_WEIGHT
-
-    def victims_of(self, gram: tuple[str, ...]) -> set[str]:
-        return self._leaked_by.get(gram, set())
-
-    def note_leak(self, victim: str, text: str) -> None:
-        for gram, _ in shingles(text):
-            self._leaked_by[gram].add(victim)
 
 
 _oracle: Oracle
@@ -162,9 +163,6 @@ def bucket(words: float) -> str:
 def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
     global _oracle
     _oracle = Oracle(exchanges)
-    for ex in exchanges:
-        if ex.fault is not None and ex.fault.source_tenant:
-            _oracle.note_leak(ex.tenant, ex.fault.leaked_text)
     rows: dict[tuple[str, str], Counter] = defaultdict(Counter)
     clean = Counter()
     fp_examples = []
@@ -249,7 +247,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--leak-rate", type=float, default=0.08)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rate", type=float, default=8.0, help="requests per simulated second")
-    p.add_argument("--warmup", type=int, default=300)
+    p.add_argument(
+        "--warmup", type=int, default=300, help="responses counted apart as the cold-start period"
+    )
+    p.add_argument(
+        "--warm",
+        type=int,
+        default=2500,
+        help="requests of earlier traffic to learn commonness from (0: cold only)",
+    )
     p.add_argument(
         "--baseline", default=str(Path(__file__).resolve().parent.parent / "config/baseline")
     )
@@ -257,12 +263,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--winnow", type=int, default=EngineConfig().winnow_window)
     p.add_argument("--min-run-words", type=float, default=EngineConfig().min_run_words)
     p.add_argument("--common-tenants", type=int, default=EngineConfig().common_tenants)
-    p.add_argument(
-        "--plain-run-factor", type=float, default=EngineConfig().plain_run_factor
-    )
-    p.add_argument(
-        "--similarity", type=float, default=EngineConfig().same_prompt_similarity
-    )
+    p.add_argument("--plain-run-factor", type=float, default=EngineConfig().plain_run_factor)
+    p.add_argument("--similarity", type=float, default=EngineConfig().same_prompt_similarity)
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--show-fp", type=int, default=3, help="print N false-positive examples")
     return p.parse_args(argv)
@@ -279,32 +281,56 @@ def main(argv=None) -> int:
         plain_run_factor=args.plain_run_factor,
         same_prompt_similarity=args.similarity,
     )
-    t0 = time.perf_counter()
-    exchanges, engine = run_traffic(args, config)
-    seconds = time.perf_counter() - t0
-    result = evaluate(exchanges, args.warmup)
-    print(report(result, engine, seconds, args))
-    for ex in [e for e in result["fp_examples"] if e.index >= args.warmup][: args.show_fp]:
-        f = ex.findings[0]
-        print(
-            f"\nFALSE POSITIVE {ex.request_id} ({ex.tenant}) <- {f.source_tenant}/{f.source_request_id} "
-            f"{f.kind} units={f.foreign_units}: {ex.answer[f.start : f.end]!r}"
-        )
-    for ex in result["missed"][: args.show_fp]:
-        f = ex.fault
-        print(
-            f"\nMISSED {ex.request_id} ({ex.tenant}) <- {f.source_tenant}/{f.source_request_id} "
-            f"{f.kind} {f.leaked_words} words: {f.leaked_text[:300]!r}"
-        )
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "commonness.npz"
+        if args.warm:
+            # A previous day of the same deployment's traffic (another seed: other
+            # prompts, other private data) teaches the engine what is boilerplate.
+            _, warm_engine = run_traffic(
+                args, config, seed=args.seed + 1000, requests=args.warm, state=None
+            )
+            warm_engine.save_commonness(state)
+        for label, use_state in (("cold start", None), ("warm", state if args.warm else None)):
+            if label == "warm" and not args.warm:
+                continue
+            t0 = time.perf_counter()
+            exchanges, engine = run_traffic(
+                args, config, seed=args.seed, requests=args.requests, state=use_state
+            )
+            seconds = time.perf_counter() - t0
+            result = evaluate(exchanges, args.warmup)
+            print(
+                f"\n### {label}: {'fresh engine' if use_state is None else f'commonness learned from {args.warm} earlier requests'}\n"
+            )
+            print(report(result, engine, seconds, args))
+            results[label] = result
+    for label, result in results.items():
+        for ex in result["fp_examples"][: args.show_fp]:
+            f = ex.findings[0]
+            print(
+                f"\nFALSE POSITIVE ({label}) {ex.request_id} <- {f.source_tenant}/"
+                f"{f.source_request_id} {f.kind} units={f.foreign_units}: "
+                f"{ex.answer[f.start : f.end]!r}"
+            )
+        for ex in result["missed"][: args.show_fp]:
+            f = ex.fault
+            print(
+                f"\nMISSED ({label}) {ex.request_id} <- {f.source_tenant}/{f.source_request_id} "
+                f"{f.kind} {f.leaked_words} words: {f.leaked_text[:300]!r}"
+            )
     if args.json:
         Path(args.json).write_bytes(
             orjson.dumps(
                 {
-                    "rows": [
-                        {"kind": k, "size": s, **row} for (k, s), row in result["rows"].items()
-                    ],
-                    "target": dict(result["target"]),
-                    "clean": {f"{a}_{b}": v for (a, b), v in result["clean"].items()},
+                    label: {
+                        "rows": [
+                            {"kind": k, "size": s, **row} for (k, s), row in r["rows"].items()
+                        ],
+                        "target": dict(r["target"]),
+                        "clean": {f"{a}_{b}": v for (a, b), v in r["clean"].items()},
+                    }
+                    for label, r in results.items()
                 },
                 option=orjson.OPT_INDENT_2,
             )

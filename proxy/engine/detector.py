@@ -49,8 +49,10 @@ class EngineConfig:
     # many times longer: boilerplate coincides in short runs, private text has names,
     # numbers and rare words.
     plain_run_factor: float = 2.0
+    plain_share: float = 0.25  # a word is plain once this share of tenants used it
+    containment: float = 0.5  # share of its span that scattered coverage must fill
     common_tenants: int = 3  # text used by this many tenants is shared, not private
-    same_prompt_similarity: float = 0.5  # prompts this similar excuse identical outputs
+    same_prompt_similarity: float = 0.9  # prompts this similar excuse identical outputs
     window_seconds: float = 600.0
     max_fingerprints: int = 4_000_000
     sketch_width_bits: int = 21
@@ -94,6 +96,8 @@ class _Run:
     best_end: int = 0
     covered: int = 0  # total weight covered
     fingerprints: list[int] = field(default_factory=list)
+    distinct_units: set[int] = field(default_factory=set)
+    first: int = -1  # first unit ever covered
 
 
 class Engine:
@@ -107,7 +111,7 @@ class Engine:
             width_bits=config.sketch_width_bits, half_life=config.sketch_half_life
         )
         self.entities = EntityIndex()
-        self.vocabulary = Vocabulary(config.common_tenants)
+        self.vocabulary = Vocabulary(config.common_tenants, config.plain_share)
         self.baseline: set[int] = set()
         self._baseline_entities: set[str] = set()
         self._requests: dict[int, _Request] = {}
@@ -234,10 +238,41 @@ class Engine:
         if ra.prompt_digest == rb.prompt_digest:
             return True
         small = min(len(ra.signature), len(rb.signature))
-        if small == 0:
-            return False
+        if small < 4:
+            return False  # too little private text to tell: only identical prompts count
         shared = len(np.intersect1d(ra.signature, rb.signature, assume_unique=True))
         return shared / small >= self.config.same_prompt_similarity
+
+    # -- learned commonness, kept across restarts --------------------------------------
+
+    def save_commonness(self, path: str | os.PathLike) -> None:
+        """Write what the engine learned about shared text (the commonness sketch and the
+        plain vocabulary: counters and keyed hashes, no text) to ``path`` (.npz).
+
+        A restarted proxy that loads it does not relearn boilerplate from scratch: a
+        fresh engine flags boilerplate that only one other tenant has used yet.
+        """
+        tmp = f"{os.fspath(path)}.tmp.npz"
+        np.savez_compressed(
+            tmp,
+            key_id=np.array(self.hasher.key_id),
+            k=np.array(self.config.k),
+            sketch=self.sketch.counts_array,
+            plain=np.fromiter(self.vocabulary.plain, dtype=np.uint64),
+        )
+        os.replace(tmp, path)
+
+    def load_commonness(self, path: str | os.PathLike) -> None:
+        """Load a file written by ``save_commonness``. Raises ValueError when it was made
+        with another key or shingle size (its hashes would silently mean nothing)."""
+        with np.load(path) as data:
+            if str(data["key_id"]) != self.hasher.key_id or int(data["k"]) != self.config.k:
+                raise ValueError(
+                    f"{path}: made with key {data['key_id']} k={int(data['k'])}, "
+                    f"not key {self.hasher.key_id} k={self.config.k}"
+                )
+            self.sketch.merge(data["sketch"])
+            self.vocabulary.add_plain(data["plain"].tolist())
 
     @property
     def fingerprints(self) -> int:
@@ -338,9 +373,9 @@ class ResponseScan:
             record = engine._requests.get(value >> 1)
             if record is None:
                 continue  # expired
-            tenants.add(record.tenant)
             if value & 1 and engine.similar_prompts(self.slot, value >> 1):
-                continue  # same question, same answer
+                return []  # the answer to the same question: explained, whoever else has it
+            tenants.add(record.tenant)
             slots.append(value >> 1)
         if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
             return []
@@ -360,12 +395,7 @@ class ResponseScan:
         for slot in touched:
             run = state.runs[slot]
             record = self.engine._requests.get(slot)
-            if run.best < threshold or record is None:
-                continue
-            if run.best < threshold * self.engine.config.plain_run_factor and all(
-                self.engine.vocabulary.is_plain(h)
-                for h in state.hashes[run.best_start : run.best_end + 1]
-            ):
+            if record is None or not self._enough(state, run, threshold):
                 continue
             if (FRAGMENT, record.tenant) in self._reported:
                 continue
@@ -389,6 +419,26 @@ class ResponseScan:
             )
         self.findings += found
         return found
+
+    def _enough(self, state: _ChoiceState, run: _Run, threshold: int) -> bool:
+        """Whether a foreign request's coverage of this choice is evidence of a leak.
+
+        A contiguous run of ``min_run_words`` with a distinctive word (or twice as long
+        without one); or, for pages cut into short pieces by common text and for whole
+        mis-routed answers, coverage of ``2 * min_run_words`` that fills at least
+        ``containment`` of the span it is scattered over, with two distinctive words.
+        """
+        config = self.engine.config
+        if run.best >= threshold * config.plain_run_factor:
+            return True
+        if run.best >= threshold and state.distinctive(run.best_start, run.best_end + 1):
+            return True
+        span = state.cumulative[run.end + 1] - state.cumulative[run.first]
+        return (
+            run.covered >= 2 * threshold
+            and run.covered >= config.containment * span
+            and len(run.distinct_units) >= 2
+        )
 
     # -- entities and canaries -------------------------------------------------------
 
@@ -446,8 +496,10 @@ class _ChoiceState:
         "ends",
         "weights",
         "hashes",
+        "numbers",
         "cumulative",
         "runs",
+        "vocabulary",
     )
 
     def __init__(self, engine: Engine) -> None:
@@ -459,15 +511,25 @@ class _ChoiceState:
         self.ends: list[int] = []
         self.weights: list[int] = []
         self.hashes: list[int] = []
+        self.numbers: list[bool] = []
         self.cumulative: list[int] = [0]
         self.runs: dict[int, _Run] = {}
+        self.vocabulary = engine.vocabulary
 
     def add_unit(self, unit: Unit, unit_hash: int) -> None:
         self.hashes.append(unit_hash)
+        self.numbers.append(is_specific_number(unit.text))
         self.starts.append(unit.start)
         self.ends.append(unit.end)
         self.weights.append(unit.weight)
         self.cumulative.append(self.cumulative[-1] + unit.weight)
+
+    def distinct(self, i: int) -> bool:
+        """Unit ``i`` is a specific number or a word few tenants use."""
+        return self.numbers[i] or not self.vocabulary.is_plain(self.hashes[i])
+
+    def distinctive(self, start: int, stop: int) -> bool:
+        return any(self.distinct(i) for i in range(start, stop))
 
     def cover(self, slot: int, index: int, k: int, fp: int) -> None:
         """Mark units ``index .. index+k-1`` as matching ``slot``."""
@@ -476,12 +538,15 @@ class _ChoiceState:
             run = self.runs[slot] = _Run()
         last = index + k - 1
         cum = self.cumulative
-        if run.start < 0 or index > run.end + 1:
-            run.start, run.end = index, last
-            run.covered += cum[last + 1] - cum[index]
-        else:
-            run.covered += cum[last + 1] - cum[max(run.end + 1, index)]
-            run.end = max(run.end, last)
+        first_new = index if run.start < 0 or index > run.end + 1 else max(run.end + 1, index)
+        if first_new == index:
+            run.start = index
+        if run.first < 0:
+            run.first = index
+        run.covered += cum[last + 1] - cum[first_new]
+        run.end = max(run.end, last)
+        if len(run.distinct_units) < 2:
+            run.distinct_units.update(i for i in range(first_new, last + 1) if self.distinct(i))
         weight = cum[run.end + 1] - cum[run.start]
         if weight > run.best:
             run.best, run.best_start, run.best_end = weight, run.start, run.end
@@ -489,25 +554,40 @@ class _ChoiceState:
             run.fingerprints.append(fp)
 
 
-class Vocabulary:
-    """Which words several tenants use: learned from traffic, bounded.
+def is_specific_number(unit: str) -> bool:
+    """Amounts, ids and codes are specifics; years and small numbers are not."""
+    if not unit.isdigit() or len(unit) < 3:
+        return False
+    return not (len(unit) == 4 and unit[:2] in ("19", "20"))
 
-    A word (unit) is *plain* once ``common_tenants`` distinct tenants used it; until
-    then it is distinctive. Boilerplate is made of plain words; private text nearly
-    always carries a distinctive one (a name, a number, a product, a rare term).
+
+class Vocabulary:
+    """Which words most tenants use: learned from traffic, bounded.
+
+    A word (unit) is *plain* once at least ``common_tenants`` tenants, and at least
+    ``plain_share`` of all tenants seen, used it. Boilerplate is made of plain words;
+    private text nearly always carries a distinctive one (a name, a number, a product,
+    a rare term). Names that recur in a few tenants' data stay distinctive.
     Holds keyed unit hashes, never words.
     """
 
-    __slots__ = ("_common_tenants", "_users", "_plain", "max_entries")
+    __slots__ = ("_common_tenants", "_share", "_users", "_plain", "_tenants", "max_entries")
 
-    def __init__(self, common_tenants: int, max_entries: int = 1_000_000) -> None:
+    def __init__(
+        self, common_tenants: int, plain_share: float = 0.25, max_entries: int = 1_000_000
+    ) -> None:
         self._common_tenants = common_tenants
+        self._share = plain_share
         self._users: dict[int, set[str]] = {}
         self._plain: set[int] = set()
+        self._tenants: set[str] = set()
         self.max_entries = max_entries
 
     def learn(self, tenant: str, units: Iterable[int]) -> None:
         plain, users = self._plain, self._users
+        if tenant not in self._tenants and len(self._tenants) < 1_000_000:
+            self._tenants.add(tenant)
+        needed = max(self._common_tenants, self._share * len(self._tenants))
         for unit in set(units):
             if unit in plain:
                 continue
@@ -518,9 +598,13 @@ class Vocabulary:
                 users[unit] = {tenant}
             elif tenant not in seen:
                 seen.add(tenant)
-                if len(seen) >= self._common_tenants:
+                if len(seen) >= needed:
                     plain.add(unit)
                     del users[unit]
+
+    @property
+    def plain(self) -> set[int]:
+        return self._plain
 
     def add_plain(self, units: Iterable[int]) -> None:
         self._plain.update(units)

@@ -181,6 +181,16 @@ class CommonnessSketch:
     def nbytes(self) -> int:
         return self._counts.nbytes
 
+    @property
+    def counts_array(self) -> np.ndarray:
+        return self._counts
+
+    def merge(self, counts: np.ndarray) -> None:
+        """Take the larger of each counter (a sketch saved by the same configuration)."""
+        if counts.shape != self._counts.shape:
+            raise ValueError(f"sketch shape {counts.shape} != {self._counts.shape}")
+        np.maximum(self._counts, counts, out=self._counts)
+
     def _slots(self, fingerprints: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
             mixed = (fingerprints[None, :] ^ self._seeds) * np.uint64(0xFF51AFD7ED558CCD)
