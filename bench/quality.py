@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from proxy.config import load_baseline  # noqa: E402
+from proxy.config import load_baseline, load_vocabulary  # noqa: E402
 from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
 from proxy.engine.tokens import WORD_WEIGHT, units_of  # noqa: E402
@@ -72,7 +72,9 @@ def run_traffic(
     rng = random.Random(seed)
     workload = Workload(tenants=args.tenants, seed=seed)
     injector = FaultInjector(args.leak_rate, seed=seed + 1)
-    engine = Engine(config, baseline=load_baseline(args.baseline))
+    engine = Engine(
+        config, baseline=load_baseline(args.baseline), plain_words=load_vocabulary(args.vocabulary)
+    )
     if state is not None and state.exists():
         engine.load_commonness(state)
     exchanges: list[Exchange] = []
@@ -85,7 +87,14 @@ def run_traffic(
             prompt = req.prompt_text()
             answer = answer_for(prompt)
             answer, fault = injector.apply(req.tenant, req.request_id, prompt, answer)
-            scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=clock)
+            model_text = "\n".join(
+                m["content"]
+                for m in req.messages
+                if m["role"] == "assistant" and isinstance(m.get("content"), str)
+            )
+            scan = engine.observe_prompt(
+                req.tenant, req.request_id, prompt, now=clock, model_text=model_text
+            )
             ex = Exchange(req.tenant, req.request_id, prompt, answer, fault, index=len(exchanges))
             exchanges.append(ex)
             batch.append((ex, scan, deltas(answer, rng)))
@@ -258,6 +267,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--baseline", default=str(Path(__file__).resolve().parent.parent / "config/baseline")
+    )
+    p.add_argument(
+        "--vocabulary", default=None, help="plain-word lists (default config/vocabulary)"
     )
     p.add_argument("--k", type=int, default=EngineConfig().k)
     p.add_argument("--winnow", type=int, default=EngineConfig().winnow_window)

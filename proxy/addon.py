@@ -19,6 +19,7 @@ from typing import Any
 from mitmproxy import ctx, exceptions, http
 
 from . import config as configuration
+from . import mitm_errors
 from .engine import Engine, Finding
 from .eventlog import make_logger
 from .exchange import ExchangeMonitor
@@ -31,6 +32,12 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
     "crosstalk_mode": (str, "", "shadow or enforce; overrides the config file."),
     "crosstalk_log_file": (str, "", "JSON-lines event log; empty: the config's, else stderr."),
     "crosstalk_log_level": (str, "", "debug, info or warning; overrides the config file."),
+    "crosstalk_json_errors": (
+        bool,
+        True,
+        "Answer proxy-level errors (upstream unreachable, ...) with OpenAI-format JSON "
+        "instead of mitmproxy's HTML page.",
+    ),
 }
 
 
@@ -50,6 +57,13 @@ class CrossTalk:
             loader.add_option(name, typ, default, help_text)
 
     def configure(self, updated: set[str]) -> None:
+        if ctx.options.connection_strategy == "eager":
+            # Eager connects upstream before reading the request: with the upstream down,
+            # clients would see a closed connection instead of a 502 they can act on.
+            # (The update re-enters configure, which does the rest.)
+            ctx.options.update(connection_strategy="lazy")
+            return
+        (mitm_errors.install if ctx.options.crosstalk_json_errors else mitm_errors.uninstall)()
         if self.engine is not None and not updated & set(OPTIONS):
             return
         try:
@@ -64,7 +78,9 @@ class CrossTalk:
         self.config = cfg
         engine_config = cfg.engine_config()
         self.engine = Engine(
-            engine_config, baseline=configuration.load_baseline(cfg.detection.baseline_dir)
+            engine_config,
+            baseline=configuration.load_baseline(cfg.detection.baseline_dir),
+            plain_words=configuration.load_vocabulary(cfg.detection.vocabulary_dir),
         )
         self.rules = TenantRules(
             sources=cfg.tenants.sources,
@@ -73,6 +89,7 @@ class CrossTalk:
             secret=self.engine.hasher.key,
         )
         self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
+        self._load_state()
         self.log.info(
             "crosstalk.configured",
             mode=cfg.proxy.mode,
@@ -80,6 +97,30 @@ class CrossTalk:
             k=engine_config.k,
             window_seconds=engine_config.window_seconds,
         )
+
+    def done(self) -> None:
+        self._save_state()
+
+    def _load_state(self) -> None:
+        path = self.config.detection.state_file
+        if not path:
+            return
+        try:
+            self.engine.load_commonness(path)
+            self.log.info("state.loaded", path=path)
+        except FileNotFoundError:
+            self.log.info("state.absent", path=path, detail="starting cold; saved at exit")
+        except (OSError, ValueError, KeyError) as e:
+            self.log.warning("state.unusable", path=path, reason=str(e))
+
+    def _save_state(self) -> None:
+        path = self.config.detection.state_file
+        if path and self.engine is not None:
+            try:
+                self.engine.save_commonness(path)
+                self.log.info("state.saved", path=path)
+            except OSError as e:
+                self.log.error("state.save_failed", path=path, reason=str(e))
 
     # -- hooks -----------------------------------------------------------------------
 
@@ -117,7 +158,9 @@ class CrossTalk:
         flow.metadata[METADATA_KEY] = monitor
         if parsed is not None:
             try:
-                monitor.scan = self.engine.observe_prompt(tenant, request_id, parsed.prompt)
+                monitor.scan = self.engine.observe_prompt(
+                    tenant, request_id, parsed.prompt, model_text=parsed.model_text
+                )
             except Exception as e:  # noqa: BLE001 -- fail open
                 monitor.detector_error = f"{type(e).__name__}: {e}"
 

@@ -47,6 +47,8 @@ class TenantSection:
 class DetectionSection:
     key: str = ""  # hex; empty generates a key at start (fingerprints then die with it)
     baseline_dir: str = ""  # empty: the packaged config/baseline
+    vocabulary_dir: str = ""  # empty: the packaged config/vocabulary
+    state_file: str = ""  # learned commonness, loaded at start and saved at exit (.npz)
     k: int = _ENGINE.k
     winnow_window: int = _ENGINE.winnow_window
     min_run_words: float = _ENGINE.min_run_words
@@ -123,6 +125,11 @@ def validate(config: Config) -> Config:
             "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"
         )
     config.engine_config()
+    if d.state_file and not d.key:
+        raise ConfigError(
+            "detection.state_file needs a fixed detection.key: hashes made "
+            "under a key generated at start mean nothing after a restart"
+        )
     return config
 
 
@@ -147,13 +154,11 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
     return validate(config)
 
 
-def default_baseline_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "config" / "baseline"
+PACKAGED = Path(__file__).resolve().parent.parent / "config"
 
 
-def load_baseline(directory: str | Path | None) -> list[str]:
-    """Texts of ``*.txt`` under the baseline directory, ``#`` comment lines removed."""
-    root = Path(directory) if directory else default_baseline_dir()
+def _texts(root: Path) -> list[str]:
+    """``*.txt`` files under ``root``, ``#`` comment lines removed."""
     if not root.is_dir():
         return []
     texts = []
@@ -161,3 +166,17 @@ def load_baseline(directory: str | Path | None) -> list[str]:
         lines = path.read_text(errors="replace").splitlines()
         texts.append("\n".join(line for line in lines if not line.lstrip().startswith("#")))
     return texts
+
+
+def load_baseline(directory: str | Path | None) -> list[str]:
+    """Baseline texts: shared system prompts, templates, public documents, boilerplate."""
+    return _texts(Path(directory) if directory else PACKAGED / "baseline")
+
+
+def load_vocabulary(directory: str | Path | None) -> list[str]:
+    """Plain words of common languages, one a line."""
+    return [
+        w
+        for text in _texts(Path(directory) if directory else PACKAGED / "vocabulary")
+        for w in text.split()
+    ]

@@ -144,6 +144,7 @@ def test_chat_prompt_covers_every_message_kind_in_order() -> None:
                 "Thanks",
             ]
         ),
+        model_text='{"acct": "4111"}\nYour balance is 12.50.',
         stream=True,
         model="llama-3-8b",
         n=2,
@@ -185,7 +186,9 @@ def test_chat_prompt_empty_messages() -> None:
 )
 def test_completions_prompt(prompt: Any, expected: str) -> None:
     parsed = parse_request("completions", body({"model": "m", "prompt": prompt, "stream": False}))
-    assert parsed == ParsedRequest(prompt=expected, stream=False, model="m", n=1, user=None)
+    assert parsed == ParsedRequest(
+        prompt=expected, model_text="", stream=False, model="m", n=1, user=None
+    )
 
 
 def test_completions_suffix_is_prompt_text() -> None:

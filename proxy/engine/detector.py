@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .entities import EntityIndex, EntityScanner, iter_entity_keys
+from .entities import EntityIndex, EntityScanner, fold, iter_entity_keys
 from .fingerprint import Hasher, StreamShingler, StreamWinnower, winnow
 from .index import CommonnessSketch, FingerprintIndex
 from .tokens import StreamTokenizer, Unit, units_of
@@ -103,7 +103,13 @@ class _Run:
 class Engine:
     """Multi-tenant leak detector. Single-threaded: call it from one thread/loop."""
 
-    def __init__(self, config: EngineConfig | None = None, *, baseline: Iterable[str] = ()):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        baseline: Iterable[str] = (),
+        plain_words: Iterable[str] = (),
+    ):
         self.config = config = config or EngineConfig()
         self.hasher = Hasher(config.key or os.urandom(32), config.k)
         self.index = FingerprintIndex(max_fingerprints=config.max_fingerprints)
@@ -120,8 +126,14 @@ class Engine:
         self._last_sweep = 0.0
         for text in baseline:
             self.add_baseline(text)
+        self.add_plain_words(plain_words)
 
     # -- inputs -------------------------------------------------------------------
+
+    def add_plain_words(self, words: Iterable[str]) -> None:
+        """Words (or characters) of a language that are never distinctive on their own:
+        the cold-start prior of the learned vocabulary (``config/vocabulary/``)."""
+        self.vocabulary.add_plain(self.hasher.unit(u.text) for w in words for u in units_of(w))
 
     def add_baseline(self, text: str) -> None:
         """Text that is shared by design (system prompts, templates, public documents,
@@ -134,15 +146,23 @@ class Engine:
     def register_canary(self, tenant: str, canary: str) -> None:
         """A string only ``tenant`` uses; seen anywhere else it is a certain leak."""
         slot = self._new_slot(tenant, f"canary:{self.hasher.digest(canary.encode())}", 0.0)
-        self.entities.add(canary.lower(), CANARY, tenant, slot << 1, 0.0, pin=True)
+        self.entities.add(fold(canary), CANARY, tenant, slot << 1, 0.0, pin=True)
 
     def observe_prompt(
-        self, tenant: str, request_id: str, text: str, now: float | None = None
+        self,
+        tenant: str,
+        request_id: str,
+        text: str,
+        now: float | None = None,
+        *,
+        model_text: str = "",
     ) -> ResponseScan:
         """Record a request's prompt and return the scanner for its response.
 
-        Call before the request goes upstream: a page of this prompt can leak into a
-        response that is already streaming.
+        ``model_text`` is the part of ``text`` a model wrote (earlier assistant turns of a
+        conversation): it is indexed like an output, so its boilerplate is judged as a
+        model's, not as a user's words. Call before the request goes upstream: a page of
+        this prompt can leak into a response that is already streaming.
         """
         now = time.time() if now is None else now
         self._sweep(now)
@@ -150,6 +170,7 @@ class Engine:
         self.vocabulary.learn(tenant, map(self.hasher.unit, units))
         fps = self.hasher.kgrams(units)
         private = self._learn(tenant, fps, now)
+        model_fps = set(self.hasher.kgrams([u.text for u in units_of(model_text)]))
         signature = np.unique(np.fromiter(private, dtype=np.uint64, count=len(private)))
         slot = self._new_slot(
             tenant,
@@ -160,7 +181,7 @@ class Engine:
         )
         value = slot << 1
         for _, fp in winnow(private, self.config.winnow_window):
-            self.index.add(fp, value, now)
+            self.index.add(fp, value | (fp in model_fps), now)
         if self.config.entities:
             self._add_entities(text, tenant, value, now)
         return ResponseScan(self, tenant, request_id, slot, now)
@@ -326,7 +347,9 @@ class ResponseScan:
             if state.entities is not None:
                 found += self._entity_findings(state, choice, state.entities.finish())
                 output_value = (self.slot << 1) | 1
-                self.engine._add_entities(state.entities.text, self.tenant, output_value, self._now)
+                self.engine._add_entities(
+                    state.entities.raw_text, self.tenant, output_value, self._now
+                )
         return found
 
     @property
@@ -358,17 +381,19 @@ class ResponseScan:
         for (index, fp), values in zip(new, owners, strict=True):
             if not values or fp not in private:
                 continue
-            foreign = self._foreign_slots(values)
-            for slot in foreign:
-                state.cover(slot, index, engine.config.k, fp)
-                touched.add(slot)
+            for value in self._foreign_values(values):
+                state.cover(value, index, engine.config.k, fp)
+                touched.add(value)
         self._index_output(selected, private)
         return self._fragment_findings(state, choice, touched)
 
-    def _foreign_slots(self, values: tuple[int, ...]) -> list[int]:
+    def _foreign_values(self, values: tuple[int, ...]) -> list[int]:
+        """The index values (request slot and prompt/output bit) that make this k-gram
+        foreign: none when the victim's tenant or enough tenants use it, or when it is in
+        the answer to the same question."""
         engine = self.engine
         tenants: set[str] = set()
-        slots: list[int] = []
+        foreign: list[int] = []
         for value in values:
             record = engine._requests.get(value >> 1)
             if record is None:
@@ -376,10 +401,10 @@ class ResponseScan:
             if value & 1 and engine.similar_prompts(self.slot, value >> 1):
                 return []  # the answer to the same question: explained, whoever else has it
             tenants.add(record.tenant)
-            slots.append(value >> 1)
+            foreign.append(value)
         if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
             return []
-        return slots
+        return foreign
 
     def _index_output(self, selected: list[tuple[int, int]], private: set[int] | None = None):
         value = (self.slot << 1) | 1
@@ -392,10 +417,10 @@ class ResponseScan:
     ) -> list[Finding]:
         threshold = round(self.engine.config.min_run_words * 2)
         found = []
-        for slot in touched:
-            run = state.runs[slot]
-            record = self.engine._requests.get(slot)
-            if record is None or not self._enough(state, run, threshold):
+        for value in touched:
+            run = state.runs[value]
+            record = self.engine._requests.get(value >> 1)
+            if record is None or not self._enough(state, run, threshold, bool(value & 1)):
                 continue
             if (FRAGMENT, record.tenant) in self._reported:
                 continue
@@ -420,16 +445,18 @@ class ResponseScan:
         self.findings += found
         return found
 
-    def _enough(self, state: _ChoiceState, run: _Run, threshold: int) -> bool:
-        """Whether a foreign request's coverage of this choice is evidence of a leak.
+    def _enough(self, state: _ChoiceState, run: _Run, threshold: int, of_output: bool) -> bool:
+        """Whether a foreign prompt's or output's coverage of this choice is evidence.
 
-        A contiguous run of ``min_run_words`` with a distinctive word (or twice as long
-        without one); or, for pages cut into short pieces by common text and for whole
-        mis-routed answers, coverage of ``2 * min_run_words`` that fills at least
-        ``containment`` of the span it is scattered over, with two distinctive words.
+        A contiguous run of ``min_run_words`` with a distinctive word; for a prompt, a
+        run twice as long without one (a user's own words can be all plain; a model's
+        plain words are its boilerplate); or, for pages cut into short pieces by common
+        text and for whole mis-routed answers, coverage of ``2 * min_run_words`` that
+        fills at least ``containment`` of the span it is scattered over, with two
+        distinctive words.
         """
         config = self.engine.config
-        if run.best >= threshold * config.plain_run_factor:
+        if not of_output and run.best >= threshold * config.plain_run_factor:
             return True
         if run.best >= threshold and state.distinctive(run.best_start, run.best_end + 1):
             return True
@@ -531,15 +558,16 @@ class _ChoiceState:
     def distinctive(self, start: int, stop: int) -> bool:
         return any(self.distinct(i) for i in range(start, stop))
 
-    def cover(self, slot: int, index: int, k: int, fp: int) -> None:
-        """Mark units ``index .. index+k-1`` as matching ``slot``."""
-        run = self.runs.get(slot)
+    def cover(self, source: int, index: int, k: int, fp: int) -> None:
+        """Mark units ``index .. index+k-1`` as matching ``source`` (an index value)."""
+        run = self.runs.get(source)
         if run is None:
-            run = self.runs[slot] = _Run()
+            run = self.runs[source] = _Run()
         last = index + k - 1
         cum = self.cumulative
-        first_new = index if run.start < 0 or index > run.end + 1 else max(run.end + 1, index)
-        if first_new == index:
+        starts_run = run.start < 0 or index > run.end + 1
+        first_new = index if starts_run else max(run.end + 1, index)
+        if starts_run:
             run.start = index
         if run.first < 0:
             run.first = index

@@ -53,34 +53,52 @@ def _digits(s: str) -> str:
     return re.sub(r"\D", "", s)
 
 
+def _any(_: str) -> bool:
+    return True
+
+
+def fold(text: str) -> str:
+    """Lowercase without changing the length (``"İ".lower()`` has two characters), so
+    that offsets into the folded stream are offsets into the output."""
+    if text.isascii():
+        return text.lower()
+    return "".join(low if len(low := ch.lower()) == 1 else ch for ch in text)
+
+
+def _word_char(ch: str) -> bool:
+    """Entities are ASCII: a CJK character next to one is a boundary, not a word."""
+    return ch.isascii() and ch.isalnum()
+
+
 # (kind, pattern, validator). Order matters: the first kind to claim a span wins.
 _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
-    ("email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}", re.I), lambda s: True),
+    ("email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}", re.I | re.A), _any),
     (
         "url_secret",
         re.compile(
             r"https?://[^\s\"'<>]*?(?:[?&](?:token|key|sig|signature|secret|password|"
             r"access_token|api_key|auth)=[^\s&\"'<>]{6,}|//[^\s/@:]+:[^\s/@]+@)[^\s\"'<>]*",
-            re.I,
+            re.I | re.A,
         ),
-        lambda s: True,
+        _any,
     ),
     (
         "api_key",
         re.compile(
             r"\b(?:sk-(?:proj-|ant-)?[A-Za-z0-9_-]{16,}|gh[pousr]_[A-Za-z0-9]{20,}|"
             r"AKIA[0-9A-Z]{16}|xox[abpr]-[A-Za-z0-9-]{10,}|AIza[0-9A-Za-z_-]{35}|"
-            r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})"
+            r"eyJ[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,}\.[A-Za-z0-9_-]{10,})",
+            re.A,
         ),
-        lambda s: True,
+        _any,
     ),
     (
         "iban",
-        re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b"),
+        re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b", re.A),
         iban_ok,
     ),
-    ("card", re.compile(r"\b\d(?:[ -]?\d){12,18}\b"), lambda s: luhn_ok(_digits(s))),
-    ("national_id", re.compile(r"\b\d{3}-\d{2}-\d{4}\b|\b[A-Z]{2}\d{6}[A-D]\b"), lambda s: True),
+    ("card", re.compile(r"\b\d(?:[ -]?\d){12,18}\b", re.A), lambda s: luhn_ok(_digits(s))),
+    ("national_id", re.compile(r"\b\d{3}-\d{2}-\d{4}\b|\b[A-Z]{2}\d{6}[A-D]\b", re.A), _any),
     (
         "phone",
         re.compile(
@@ -88,13 +106,13 @@ _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
         ),
         lambda s: 8 <= len(_digits(s)) <= 15,
     ),
-    ("digit_id", re.compile(r"\b[A-Z]{0,4}-?\d{8,}\b", re.I), lambda s: True),
+    ("digit_id", re.compile(r"\b[A-Z]{0,4}-?\d{8,}\b", re.I | re.A), _any),
     (
         "token",  # generic secrets: long mixed-case alphanumerics with digits
         re.compile(
             r"\b(?=[A-Za-z0-9_-]*\d)(?=[A-Za-z0-9_-]*[a-z])(?=[A-Za-z0-9_-]*[A-Z])[A-Za-z0-9_-]{24,}\b"
         ),
-        lambda s: True,
+        _any,
     ),
 ]
 
@@ -225,6 +243,7 @@ class EntityScanner:
     def __init__(self, index: EntityIndex) -> None:
         self._index = index
         self._text: list[str] = []
+        self._raw: list[str] = []
         self._length = 0
         self._tail = ""
         self._generation = -1
@@ -234,11 +253,18 @@ class EntityScanner:
 
     @property
     def text(self) -> str:
+        """The folded stream (what entity keys are matched against)."""
         return "".join(self._text)
+
+    @property
+    def raw_text(self) -> str:
+        """The stream as received (entity extraction needs the original case)."""
+        return "".join(self._raw)
 
     def feed(self, delta: str) -> list[tuple[int, int, str]]:
         """Returns confirmed ``(start, end, key)`` matches, offsets into the stream."""
-        delta = delta.lower()
+        self._raw.append(delta)
+        delta = fold(delta)
         if not delta.isascii():
             delta = _ASTRAL.sub("\ufffd", delta)
         if not delta:
@@ -281,7 +307,7 @@ class EntityScanner:
         for end, key in self._undecided + new:
             if (end, key) in self._seen:
                 continue
-            if end == self._length and not final and key[-1].isalnum():
+            if end == self._length and not final and _word_char(key[-1]):
                 undecided.append((end, key))
                 continue
             if text is None:
@@ -289,7 +315,9 @@ class EntityScanner:
             start = end - len(key)
             before = text[start - 1] if start > 0 else " "
             after = text[end] if end < len(text) else " "
-            if (key[0].isalnum() and before.isalnum()) or (key[-1].isalnum() and after.isalnum()):
+            if (_word_char(key[0]) and _word_char(before)) or (
+                _word_char(key[-1]) and _word_char(after)
+            ):
                 continue
             self._seen.add((end, key))
             out.append((start, end, key))
@@ -300,4 +328,4 @@ class EntityScanner:
 def iter_entity_keys(text: str) -> Iterator[tuple[str, str]]:
     """``(kind, key)`` for every entity in ``text``; key is the lowercased text."""
     for ent in extract_entities(text):
-        yield ent.kind, ent.text.lower()
+        yield ent.kind, fold(ent.text)

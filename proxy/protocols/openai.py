@@ -68,10 +68,14 @@ class ParsedRequest:
     * completions: ``prompt`` (a string, or a list whose strings are joined; token-id lists
       contribute nothing), then ``suffix`` if present.
 
+    ``model_text`` is the part of ``prompt`` that a model wrote: earlier ``assistant``
+    turns of a chat (the detector treats it like an output, not like a user's words).
+
     ``n`` defaults to 1; ``model`` and ``user`` are ``None`` when absent.
     """
 
     prompt: str
+    model_text: str
     stream: bool
     model: str | None
     n: int
@@ -117,6 +121,7 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
     obj = _load_object(body)
     try:
         pieces: list[str] = []
+        model_pieces: list[str] = []
         if route == "chat":
             messages = obj.get("messages")
             if not isinstance(messages, list):
@@ -125,6 +130,8 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
                 if not isinstance(message, dict):
                     raise _Shape("each message must be an object")
                 _message_texts(message, pieces)
+                if message.get("role") == "assistant":
+                    _message_texts(message, model_pieces)
         else:
             _prompt_texts(obj.get("prompt"), pieces)
             _opt_text(obj.get("suffix"), pieces)
@@ -138,6 +145,7 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
             raise _Shape("'n' must be a positive integer")
         return ParsedRequest(
             prompt="\n".join(pieces),
+            model_text="\n".join(model_pieces),
             stream=bool(stream),
             model=_opt_str(obj, "model"),
             n=n,

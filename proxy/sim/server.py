@@ -19,6 +19,7 @@ import signal
 import sys
 import time
 import zlib
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ MISBEHAVIOURS = ("nonjson", "truncate", "error-event", "gzip", "status500", "slo
 UNDELIVERED = frozenset({"nonjson", "truncate", "error-event", "status500"})
 SLOW_CHUNK_DELAY = 0.2  # seconds per chunk under `x-sim-misbehave: slow`
 MAX_CHOICES = 16
+SENT_RECORDS = 4096
 SPLIT_WORD_PROBABILITY = 0.3  # share of stream pieces cut mid-word when split_words is on
 
 
@@ -66,6 +68,17 @@ class _State:
     cfg: SimConfig
     injector: FaultInjector
     counter: itertools.count = field(default_factory=lambda: itertools.count(1))
+    # Bytes sent per request id (newest SENT_RECORDS), for tests that check the proxy
+    # delivered exactly what the engine sent: GET /_sim/sent/{request_id}.
+    sent: OrderedDict[str, bytearray] = field(default_factory=OrderedDict)
+
+    def record(self, request_id: str, data: bytes) -> None:
+        buf = self.sent.get(request_id)
+        if buf is None:
+            buf = self.sent[request_id] = bytearray()
+            while len(self.sent) > SENT_RECORDS:
+                self.sent.popitem(last=False)
+        buf += data
 
 
 STATE_KEY = web.AppKey("sim_state", _State)
@@ -284,9 +297,14 @@ def _dumps(obj: Any) -> str:
     return json.dumps(obj, ensure_ascii=False)
 
 
-def _json_response(obj: Any, request_id: str, status: int = 200) -> web.Response:
+def _json_response(
+    obj: Any, request_id: str, status: int = 200, state: _State | None = None
+) -> web.Response:
     headers = {"x-sim-request-id": request_id}
-    return web.json_response(obj, status=status, headers=headers, dumps=_dumps)
+    resp = web.json_response(obj, status=status, headers=headers, dumps=_dumps)
+    if state is not None:
+        state.record(request_id, resp.body)
+    return resp
 
 
 async def _read_body(request: web.Request) -> dict:
@@ -370,8 +388,9 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
                 "Content-Type": "application/json",
                 "x-sim-request-id": ex.request_id,
             }
+            state.record(ex.request_id, data)
             return web.Response(body=data, headers=headers)
-        return _json_response(obj, ex.request_id)
+        return _json_response(obj, ex.request_id, state=state)
     try:
         return await _stream(request, state, ex, resp_id, created)
     finally:
@@ -412,14 +431,16 @@ async def _stream(
     try:
         async for i, event in _paced(events, delay):
             if truncate_at is not None and i == truncate_at:
-                await _write(resp, event[: max(1, len(event) // 2)], compressor)
+                await _write(resp, event[: max(1, len(event) // 2)], compressor, state, ex)
                 # Stop mid-event and drop the connection: no terminating chunk, no [DONE].
                 if request.transport is not None:
                     request.transport.abort()
                 return resp
-            await _write(resp, event, compressor)
+            await _write(resp, event, compressor, state, ex)
         if compressor is not None:
-            await resp.write(compressor.flush())
+            tail = compressor.flush()
+            state.record(ex.request_id, tail)
+            await resp.write(tail)
         await resp.write_eof()
     except ConnectionResetError:
         pass  # client went away mid-stream; nothing more to send
@@ -434,10 +455,21 @@ async def _paced(events: list[bytes], delay: float) -> AsyncIterator[tuple[int, 
         yield i, event
 
 
-async def _write(resp: web.StreamResponse, data: bytes, compressor: Any) -> None:
+async def _write(
+    resp: web.StreamResponse, data: bytes, compressor: Any, state: _State, ex: _Exchange
+) -> None:
     if compressor is not None:
         data = compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
+    state.record(ex.request_id, data)
     await resp.write(data)
+
+
+async def sent(request: web.Request) -> web.Response:
+    """GET /_sim/sent/{request_id}: the exact body bytes sent for that request (test hook)."""
+    data = request.app[STATE_KEY].sent.get(request.match_info["request_id"])
+    if data is None:
+        return web.Response(status=404)
+    return web.Response(body=bytes(data), content_type="application/octet-stream")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -485,6 +517,7 @@ def make_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_get("/version", version)
     app.router.add_get("/health", health)
+    app.router.add_get("/_sim/sent/{request_id}", sent)
     return app
 
 

@@ -1,0 +1,96 @@
+"""``crosstalk run``: mitmproxy in reverse mode with the crosstalk addon, embedded.
+
+Without an upstream, the built-in simulator is started on a free loopback port and
+the proxy fronts it, so a fresh checkout shows the whole thing working.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from dataclasses import dataclass
+
+from mitmproxy import options
+from mitmproxy.tools.dump import DumpMaster
+
+from .addon import CrossTalk
+from .config import Config, ProxySection
+from .sim.server import SimConfig, start_sim
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    config: Config
+    config_path: str | None
+    sim: SimConfig | None = None  # settings of the built-in simulator, if one is started
+
+
+class _ReadyBanner:
+    """Prints how to use the proxy once mitmproxy's servers are up (``running`` runs
+    after the proxyserver addon, added before this one, has started listening)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def running(self) -> None:
+        print(self.text, flush=True)
+
+
+def ready_banner(proxy_url: str, upstream: str, simulated: bool, proxy: ProxySection) -> str:
+    target = "the built-in simulated LLM at " if simulated else ""
+    events = proxy.log_file or "stderr"
+    return f"""crosstalk is running ({proxy.mode} mode): {proxy_url} -> {target}{upstream}
+
+Try it:
+
+  curl -s {proxy_url}/v1/chat/completions -H 'Content-Type: application/json' \\
+       -H 'X-Tenant-ID: acme' \\
+       -d '{{"model": "sim-llm-1", "messages": [{{"role": "user", "content": "Hello!"}}]}}'
+
+  python -c "import openai; c = openai.OpenAI(base_url='{proxy_url}/v1', api_key='x', \\
+      default_headers={{'X-Tenant-ID': 'acme'}}); \\
+      print(c.chat.completions.create(model='sim-llm-1', \\
+      messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
+
+Events (JSON lines) go to {events}. Ctrl-C stops.
+"""
+
+
+async def serve(request: RunRequest) -> int:
+    cfg = request.config
+    sim_runner = None
+    upstream = cfg.proxy.upstream
+    if not upstream:
+        sim_runner, port = await start_sim(request.sim or SimConfig(token_delay=0.02))
+        upstream = f"http://127.0.0.1:{port}"
+    opts = options.Options(
+        mode=[f"reverse:{upstream}"],
+        listen_host=cfg.proxy.listen_host,
+        listen_port=cfg.proxy.listen_port,
+    )
+    master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    master.addons.add(CrossTalk())
+    try:
+        master.options.update(
+            crosstalk_config=request.config_path or "",
+            crosstalk_mode=cfg.proxy.mode,
+            crosstalk_log_file=cfg.proxy.log_file,
+            crosstalk_log_level=cfg.proxy.log_level,
+        )
+    except Exception as e:  # OptionsError: a readable message, no traceback
+        print(f"crosstalk: {e}", file=sys.stderr)
+        return 2
+    proxy_url = f"http://{cfg.proxy.listen_host}:{cfg.proxy.listen_port}"
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, master.shutdown)
+    master.addons.add(
+        _ReadyBanner(ready_banner(proxy_url, upstream, sim_runner is not None, cfg.proxy))
+    )
+    try:
+        await master.run()
+    finally:
+        if sim_runner is not None:
+            await sim_runner.cleanup()
+    return 0

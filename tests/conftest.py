@@ -1,0 +1,193 @@
+"""Shared fixtures: real processes on loopback.
+
+The simulator runs as ``python -m proxy sim`` and the proxy as a real ``mitmdump`` with
+``addons/crosstalk.py``; clients are the real ``openai`` SDK. Every process is started
+on a free 127.0.0.1 port and stopped at the end of its fixture.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MITMDUMP = BIN / "mitmdump"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"process exited with {proc.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return proc.returncode
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
+
+
+def wait_for_events(path: Path, predicate, timeout: float = 10.0) -> list[dict]:
+    """Events of ``path`` once ``predicate(events)`` holds (the proxy logs a streamed
+    exchange after the client has its last byte)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = read_events(path)
+        if predicate(events) or time.monotonic() > deadline:
+            return events
+        time.sleep(0.05)
+
+
+@dataclass
+class Sim:
+    url: str
+    port: int
+    truth: Path
+    proc: subprocess.Popen
+
+    def sent(self, request_id: str) -> bytes:
+        """The exact bytes the simulator sent for ``request_id``."""
+        with urllib.request.urlopen(f"{self.url}/_sim/sent/{request_id}", timeout=10) as r:
+            return r.read()
+
+
+@dataclass
+class Proxy:
+    url: str
+    port: int
+    log: Path
+    proc: subprocess.Popen
+
+    def events(self, name: str | None = None) -> list[dict]:
+        return [e for e in read_events(self.log) if name is None or e["event"] == name]
+
+
+@contextlib.contextmanager
+def run_sim(tmp: Path, *args: str) -> Iterator[Sim]:
+    port = free_port()
+    truth = tmp / f"truth-{port}.jsonl"
+    cmd = [sys.executable, "-m", "proxy", "sim", "--port", str(port), "--truth", str(truth), *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, proc)
+        yield Sim(f"http://127.0.0.1:{port}", port, truth, proc)
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def run_mitmdump(tmp: Path, upstream: str, *sets: str) -> Iterator[Proxy]:
+    port = free_port()
+    log = tmp / f"events-{port}.jsonl"
+    cmd = [
+        str(MITMDUMP), "-q",
+        "-s", str(ROOT / "addons" / "crosstalk.py"),
+        "--mode", f"reverse:{upstream}",
+        "--listen-host", "127.0.0.1", "-p", str(port),
+        "--set", f"confdir={tmp / 'mitmproxy-conf'}",
+        "--set", f"crosstalk_log_file={log}",
+    ]  # fmt: skip
+    for s in sets:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, proc)
+        yield Proxy(f"http://127.0.0.1:{port}", port, log, proc)
+    finally:
+        stop(proc)
+
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("crosstalk")
+
+
+@pytest.fixture(scope="module")
+def sim(module_tmp: Path) -> Iterator[Sim]:
+    with run_sim(module_tmp, "--token-delay", "0.002", "--split-words") as s:
+        yield s
+
+
+TEST_KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+
+
+def learn_commonness(path: Path, requests: int = 1500) -> None:
+    """What a proxy that has run for a while knows: commonness learned from earlier
+    traffic of the simulated deployment (another seed: other prompts, other data)."""
+    from proxy.config import load, load_baseline, load_vocabulary
+    from proxy.engine import Engine
+    from proxy.sim.textgen import answer_for
+    from proxy.sim.workload import Workload
+
+    cfg = load(None, detection__key=TEST_KEY)
+    engine = Engine(
+        cfg.engine_config(), baseline=load_baseline(None), plain_words=load_vocabulary(None)
+    )
+    for i, req in enumerate(Workload(tenants=24, seed=4242).requests(requests)):
+        prompt = req.prompt_text()
+        scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=1000.0 + i)
+        scan.feed(answer_for(prompt))
+        scan.finish()
+    engine.save_commonness(path)
+
+
+@pytest.fixture(scope="session")
+def warm_config(tmp_path_factory) -> Path:
+    """A config whose state file holds learned commonness (see learn_commonness)."""
+    root = tmp_path_factory.mktemp("warm")
+    learn_commonness(root / "state.npz")
+    cfg = root / "crosstalk.toml"
+    cfg.write_text(f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{root / "state.npz"}"\n')
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def proxy(module_tmp: Path, sim: Sim, warm_config: Path) -> Iterator[Proxy]:
+    with run_mitmdump(module_tmp, sim.url, f"crosstalk_config={warm_config}") as p:
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_env(monkeypatch):
+    # The SDK must talk to loopback directly, whatever the environment says.
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    yield
+
+
+os.environ.setdefault("OPENAI_API_KEY", "test-key")

@@ -1,0 +1,374 @@
+"""The proxy core, for real: mitmdump + addon in front of the simulator, openai SDK clients."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import socket
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from conftest import (
+    ROOT,
+    free_port,
+    read_events,
+    run_mitmdump,
+    stop,
+    wait_for_events,
+    wait_for_port,
+)
+
+
+def client(url: str, tenant: str | None = None, **headers: str) -> openai.OpenAI:
+    if tenant is not None:
+        headers["X-Tenant-ID"] = tenant
+    return openai.OpenAI(
+        base_url=f"{url}/v1", api_key="sk-test", default_headers=headers, max_retries=0, timeout=30
+    )
+
+
+def one_request(url: str, i: int) -> tuple[str, str, bool, str, bytes]:
+    """Request ``i`` of the mixed load: returns (request id, tenant, stream, route, bytes)."""
+    rng = random.Random(i)
+    tenant = f"tenant-{i % 10}"
+    rid = f"load-{i:03d}"
+    stream = i % 2 == 0
+    route = "chat" if i % 3 else "completions"
+    c = client(url, tenant, **{"X-Request-ID": rid})
+    text = f"Request {i}: summarise the {rng.choice(['Q3', 'Q4'])} plan for project {i * 7919}."
+    if route == "chat":
+        kwargs = dict(model="sim-llm-1", messages=[{"role": "user", "content": text}])
+        api = c.chat.completions
+    else:
+        kwargs = dict(model="sim-llm-1", prompt=text)
+        api = c.completions
+    if stream:
+        with api.with_streaming_response.create(stream=True, **kwargs) as resp:
+            body = b"".join(resp.iter_bytes())
+    else:
+        body = api.with_raw_response.create(**kwargs).http_response.content
+    return rid, tenant, stream, route, body
+
+
+def test_concurrent_mixed_load_is_byte_identical_and_logged(proxy, sim):
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        results = list(pool.map(lambda i: one_request(proxy.url, i), range(50)))
+    for rid, _, stream, _, body in results:
+        assert body == sim.sent(rid), f"{rid}: client bytes differ from what the simulator sent"
+        if stream:
+            assert body.rstrip().endswith(b"data: [DONE]")
+    rids = {r[0] for r in results}
+    events = wait_for_events(
+        proxy.log, lambda ev: rids <= {e.get("request_id") for e in ev if e["event"] == "exchange"}
+    )
+    exchanges = {e["request_id"]: e for e in events if e["event"] == "exchange"}
+    for rid, tenant, stream, route, _ in results:
+        e = exchanges[rid]
+        assert e["tenant"] == tenant
+        assert e["stream"] is stream
+        assert e["status"] == 200
+        assert e["verdict"] == "clean"
+        assert e["path"] == ("/v1/chat/completions" if route == "chat" else "/v1/completions")
+        assert e["output_chars"] > 20 and e["prompt_chars"] > 20
+        assert e["duration_ms"] >= e["ttft_ms"] >= 0
+        assert e["ts"].endswith("Z") and e["level"] == "info"
+    assert sum(1 for e in events if e["event"] == "exchange" and e["request_id"] in rids) == 50
+    raw = proxy.log.read_text()
+    assert "summarise the" not in raw, "the log must never carry prompt text"
+
+
+def test_sdk_sees_normal_answers_and_request_id_round_trips(proxy):
+    c = client(proxy.url, "acme", **{"X-Request-ID": "rid-roundtrip"})
+    raw = c.chat.completions.with_raw_response.create(
+        model="sim-llm-1", messages=[{"role": "user", "content": "Hello there"}], n=2
+    )
+    completion = raw.parse()
+    assert raw.headers["x-request-id"] == "rid-roundtrip"
+    assert len(completion.choices) == 2 and completion.choices[0].message.content
+    stream = client(proxy.url, "acme").chat.completions.create(
+        model="sim-llm-1", messages=[{"role": "user", "content": "Hello there"}], stream=True
+    )
+    text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+    assert text == completion.choices[0].message.content
+
+
+def test_generated_request_id_is_sent_upstream_and_returned(proxy):
+    raw = client(proxy.url, "acme").models.with_raw_response.list()
+    assert "x-request-id" not in raw.headers  # not an LLM call: untouched
+    raw = client(proxy.url, "acme").chat.completions.with_raw_response.create(
+        model="sim-llm-1", messages=[{"role": "user", "content": "id please"}]
+    )
+    rid = raw.headers["x-request-id"]
+    assert rid.startswith("ct-")
+    assert raw.headers["x-sim-request-id"] == rid  # the engine saw the same id
+
+
+def test_tenant_from_api_key_is_pseudonymous(proxy):
+    c = openai.OpenAI(
+        base_url=f"{proxy.url}/v1",
+        api_key="sk-secret-key-of-customer-42",
+        max_retries=0,
+        default_headers={"X-Request-ID": "rid-apikey"},
+    )
+    c.chat.completions.create(model="sim-llm-1", messages=[{"role": "user", "content": "hi"}])
+    events = wait_for_events(
+        proxy.log, lambda ev: any(e.get("request_id") == "rid-apikey" for e in ev)
+    )
+    e = next(e for e in events if e.get("request_id") == "rid-apikey" and e["event"] == "exchange")
+    assert e["tenant"].startswith("key:") and len(e["tenant"]) == 16
+    assert "sk-secret-key-of-customer-42" not in proxy.log.read_text()
+
+
+def test_non_llm_paths_pass_untouched(proxy, sim):
+    models = client(proxy.url).models.list()
+    assert [m.id for m in models.data] == ["sim-llm-1"]
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    conn.request("GET", "/version")
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read()) == {"version": "0.10.2"}
+
+
+def raw_post(port: int, path: str, body: bytes, **headers: str) -> tuple[int, dict, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **headers})
+    resp = conn.getresponse()
+    data = resp.read()
+    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
+
+
+def test_malformed_json_request_passes_through_and_is_logged(proxy):
+    status, _, body = raw_post(
+        proxy.port,
+        "/v1/chat/completions",
+        b"{not json",
+        **{"X-Tenant-ID": "t1", "X-Request-ID": "rid-badjson"},
+    )
+    assert status == 400 and b"not valid JSON" in body  # the engine's own answer
+    events = wait_for_events(
+        proxy.log,
+        lambda ev: any(
+            e.get("request_id") == "rid-badjson" and e["event"] == "exchange" for e in ev
+        ),
+    )
+    mine = [e for e in events if e.get("request_id") == "rid-badjson"]
+    assert {e["event"] for e in mine} >= {"request.unparsed", "exchange"}
+
+
+def test_non_json_response_fails_open(proxy, sim):
+    status, _, body = raw_post(
+        proxy.port,
+        "/v1/chat/completions",
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode(),
+        **{"X-Tenant-ID": "t1", "X-Request-ID": "rid-nonjson", "x-sim-misbehave": "nonjson"},
+    )
+    assert status == 200 and body == b"oops not json"
+    events = wait_for_events(
+        proxy.log,
+        lambda ev: any(
+            e.get("request_id") == "rid-nonjson" and e["event"] == "exchange" for e in ev
+        ),
+    )
+    errors = [
+        e for e in events if e["event"] == "detector.error" and e["request_id"] == "rid-nonjson"
+    ]
+    assert errors and errors[0]["action"] == "failed_open"
+
+
+def test_gzip_response_reaches_client_unchanged_and_detector_sees_plaintext(proxy, sim):
+    # Tenant A's private prompt, then a response to tenant B that leaks a page of it,
+    # gzip-compressed by the engine: the detector must still find it.
+    a = client(proxy.url, "gz-a", **{"X-Request-ID": "rid-gz-a"})
+    a.chat.completions.create(
+        model="sim-llm-1",
+        messages=[
+            {
+                "role": "user",
+                "content": (
+                    "Invoice 77120 for Bellwether Marine covers hull repairs at Dock 14 in Gdansk "
+                    "and the replacement of two Volvo Penta engines, billed to Kasia Wrobel."
+                ),
+            }
+        ],
+    )
+    for stream in (False, True):
+        rid = f"rid-gz-b-{stream}"
+        body = json.dumps(
+            {
+                "model": "m",
+                "stream": stream,
+                "messages": [{"role": "user", "content": "Tell me a fun fact."}],
+            }
+        )
+        status, headers, data = raw_post(
+            proxy.port,
+            "/v1/chat/completions",
+            body.encode(),
+            **{
+                "X-Tenant-ID": "gz-b",
+                "X-Request-ID": rid,
+                "x-sim-misbehave": "gzip",
+                "x-sim-fault": "prompt_page",
+                "Accept-Encoding": "gzip",
+            },
+        )
+        assert status == 200 and headers.get("content-encoding") == "gzip"
+        assert data == sim.sent(rid)
+        events = wait_for_events(
+            proxy.log,
+            lambda ev, rid=rid: any(
+                e.get("request_id") == rid and e["event"] == "exchange" for e in ev
+            ),
+        )
+        leaks = [e for e in events if e["event"] == "leak.detected" and e["request_id"] == rid]
+        truth = [json.loads(line) for line in sim.truth.read_text().splitlines()]
+        fault = next(t for t in truth if t["request_id"] == rid)
+        if fault["source_tenant"] == "gz-a" and fault["leaked_words"] >= 8:
+            assert leaks and leaks[0]["source_tenant"] == "gz-a"
+
+
+def test_error_event_and_truncated_stream_are_logged(proxy):
+    c = client(
+        proxy.url, "t-err", **{"X-Request-ID": "rid-errevent", "x-sim-misbehave": "error-event"}
+    )
+    with pytest.raises(openai.APIError):
+        for _ in c.chat.completions.create(
+            model="sim-llm-1", messages=[{"role": "user", "content": "x"}], stream=True
+        ):
+            pass
+    c = client(proxy.url, "t-err", **{"X-Request-ID": "rid-trunc", "x-sim-misbehave": "truncate"})
+    with pytest.raises((openai.APIError, Exception)):
+        for _ in c.chat.completions.create(
+            model="sim-llm-1", messages=[{"role": "user", "content": "y"}], stream=True
+        ):
+            pass
+    events = wait_for_events(
+        proxy.log,
+        lambda ev: (
+            {"rid-errevent", "rid-trunc"}
+            <= {e.get("request_id") for e in ev if e["event"] == "exchange"}
+        ),
+    )
+    ex = {e["request_id"]: e for e in events if e["event"] == "exchange"}
+    assert ex["rid-errevent"]["upstream_error"] == "engine overloaded"
+    assert ex["rid-trunc"].get("truncated") or ex["rid-trunc"].get("error")
+    # and everyone else is still served
+    assert (
+        client(proxy.url, "t-ok")
+        .chat.completions.create(
+            model="sim-llm-1", messages=[{"role": "user", "content": "still there?"}]
+        )
+        .choices[0]
+        .message.content
+    )
+
+
+def test_client_disconnect_mid_stream_keeps_proxy_serving(proxy):
+    body = json.dumps(
+        {
+            "model": "m",
+            "stream": True,
+            "messages": [{"role": "user", "content": "long answer please"}],
+        }
+    ).encode()
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+    sock.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"X-Tenant-ID: t-dc\r\nX-Request-ID: rid-disconnect\r\nx-sim-misbehave: slow\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+    sock.close()
+    events = wait_for_events(
+        proxy.log,
+        lambda ev: any(
+            e.get("request_id") == "rid-disconnect" and e["event"] == "exchange" for e in ev
+        ),
+    )
+    e = next(
+        e for e in events if e.get("request_id") == "rid-disconnect" and e["event"] == "exchange"
+    )
+    assert "disconnect" in e.get("error", "").lower()
+    assert client(proxy.url, "t-ok").completions.create(model="sim-llm-1", prompt="ok?").choices
+
+
+def test_upstream_down_gives_openai_format_502(tmp_path):
+    with run_mitmdump(tmp_path, f"http://127.0.0.1:{free_port()}") as proxy:
+        with pytest.raises(openai.InternalServerError) as info:
+            client(proxy.url, "t1").chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "anyone?"}]
+            )
+        assert info.value.status_code == 502
+        assert info.value.body["code"] == "proxy_502"
+        assert "crosstalk proxy" in info.value.body["message"]
+        events = wait_for_events(proxy.log, lambda ev: any(e["event"] == "exchange" for e in ev))
+        assert [e["status"] for e in events if e["event"] == "exchange"] == [502]
+
+
+def test_crosstalk_run_with_builtin_simulator_stops_cleanly_on_sigterm(tmp_path):
+    port, log = free_port(), tmp_path / "run.jsonl"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "proxy",
+            "run",
+            "--listen-port",
+            str(port),
+            "--log-file",
+            str(log),
+            "--sim-token-delay",
+            "0",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_port(port, proc)
+        answer = client(f"http://127.0.0.1:{port}", "acme").chat.completions.create(
+            model="sim-llm-1", messages=[{"role": "user", "content": "Hello!"}]
+        )
+        assert answer.choices[0].message.content
+    finally:
+        code = stop(proc)
+    out = proc.stdout.read()
+    assert code == 0, proc.stderr.read()
+    assert "crosstalk is running (shadow mode)" in out, (out, proc.stderr.read()[-2000:])
+    assert "curl" in out and "openai" in out
+    events = read_events(log)
+    assert [e["tenant"] for e in events if e["event"] == "exchange"] == ["acme"]
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[proxy]\nmode = "loud"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "run", "--config", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "proxy.mode must be one of" in result.stderr
+
+
+def test_reject_unknown_tenant(tmp_path, sim):
+    cfg = tmp_path / "reject.toml"
+    cfg.write_text('[tenants]\nunknown = "reject"\nsources = ["header"]\n')
+    with run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as proxy:
+        with pytest.raises(openai.BadRequestError) as info:
+            client(proxy.url).chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "who am I?"}]
+            )
+        assert info.value.body["code"] == "tenant_required"
+        assert (
+            client(proxy.url, "known")
+            .chat.completions.create(model="m", messages=[{"role": "user", "content": "ok"}])
+            .choices
+        )
