@@ -21,6 +21,7 @@ private content; false positives <= 0.1% of clean responses; right source >= 98%
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import sys
 import tempfile
@@ -36,12 +37,11 @@ import orjson  # noqa: E402
 from proxy.config import load_baseline, load_vocabulary  # noqa: E402
 from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
-from proxy.engine.tokens import WORD_WEIGHT, units_of  # noqa: E402
 from proxy.sim.faults import FaultInjector  # noqa: E402
+from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
 from proxy.sim.textgen import answer_for  # noqa: E402
 from proxy.sim.workload import Workload  # noqa: E402
 
-ORACLE_K = 4
 SIZE_BUCKETS = ((0, 4), (4, 8), (8, 16), (16, 32), (32, 10_000))
 
 
@@ -110,45 +110,6 @@ def run_traffic(
     return exchanges, engine
 
 
-def shingles(text: str) -> list[tuple[tuple[str, ...], list]]:
-    units = units_of(text)
-    return [
-        (tuple(u.text for u in units[i : i + ORACLE_K]), units[i : i + ORACLE_K])
-        for i in range(len(units) - ORACLE_K + 1)
-    ]
-
-
-class Oracle:
-    """Who used which 4-unit shingle anywhere in the benchmark, leaked copies excluded."""
-
-    def __init__(self, exchanges: list[Exchange]) -> None:
-        self.users: dict[tuple[str, ...], set[str]] = defaultdict(set)
-        for ex in exchanges:
-            own_answer = ex.answer
-            if ex.fault is not None and ex.fault.leaked_text:
-                own_answer = ex.answer.replace(ex.fault.leaked_text, "\n")
-            for text in (ex.prompt, own_answer):
-                for gram, _ in shingles(text):
-                    self.users[gram].add(ex.tenant)
-
-    def private_run(self, source: str, leaked: str) -> float:
-        units = units_of(leaked)
-        private = [False] * len(units)
-        for i in range(len(units) - ORACLE_K + 1):
-            gram = tuple(u.text for u in units[i : i + ORACLE_K])
-            if self.users.get(gram, set()) <= {source}:
-                for j in range(i, i + ORACLE_K):
-                    private[j] = True
-        best = run = 0
-        for unit, p in zip(units, private, strict=True):
-            run = run + unit.weight if p else 0
-            best = max(best, run)
-        return best / WORD_WEIGHT
-
-
-_oracle: Oracle
-
-
 def entity_private(ex: Exchange, exchanges: list[Exchange]) -> bool:
     ents = [e.text.lower() for e in extract_entities(ex.fault.leaked_text)]
     if not ents:
@@ -170,8 +131,10 @@ def bucket(words: float) -> str:
 
 
 def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
-    global _oracle
-    _oracle = Oracle(exchanges)
+    oracle = PrivacyOracle(
+        Observed(ex.tenant, ex.prompt, ex.answer, ex.fault.leaked_text if ex.fault else "")
+        for ex in exchanges
+    )
     rows: dict[tuple[str, str], Counter] = defaultdict(Counter)
     clean = Counter()
     fp_examples = []
@@ -193,7 +156,7 @@ def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
         elif f.kind == "entities":
             key = ("entities", "private" if entity_private(ex, exchanges) else "shared")
         else:
-            key = (f.kind, bucket(_oracle.private_run(f.source_tenant, f.leaked_text)))
+            key = (f.kind, bucket(oracle.private_run(f.source_tenant, f.leaked_text)))
         row = rows[key]
         row["n"] += 1
         row["hit"] += hit
@@ -250,10 +213,10 @@ def report(result: dict, engine: Engine, seconds: float, args) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--requests", type=int, default=2500)
+    p.add_argument("--requests", type=int, default=5000)
     p.add_argument("--tenants", type=int, default=24)
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--leak-rate", type=float, default=0.08)
+    p.add_argument("--leak-rate", type=float, default=0.1)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--rate", type=float, default=8.0, help="requests per simulated second")
     p.add_argument(
@@ -271,28 +234,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--vocabulary", default=None, help="plain-word lists (default config/vocabulary)"
     )
-    p.add_argument("--k", type=int, default=EngineConfig().k)
-    p.add_argument("--winnow", type=int, default=EngineConfig().winnow_window)
-    p.add_argument("--min-run-words", type=float, default=EngineConfig().min_run_words)
-    p.add_argument("--common-tenants", type=int, default=EngineConfig().common_tenants)
-    p.add_argument("--plain-run-factor", type=float, default=EngineConfig().plain_run_factor)
-    p.add_argument("--similarity", type=float, default=EngineConfig().same_prompt_similarity)
+    p.add_argument(
+        "--engine",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override an EngineConfig field, e.g. --engine k=5 (repeatable)",
+    )
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--show-fp", type=int, default=3, help="print N false-positive examples")
     return p.parse_args(argv)
 
 
+def engine_config(overrides: list[str]) -> EngineConfig:
+    """The engine's defaults, with ``FIELD=VALUE`` overrides (typed like the default)."""
+    config = EngineConfig(key=b"quality-bench-key-0123456789abcdef")
+    changes = {}
+    for item in overrides:
+        name, _, value = item.partition("=")
+        default = getattr(config, name)  # AttributeError: unknown field
+        changes[name] = type(default)(value)
+    return dataclasses.replace(config, **changes)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    config = EngineConfig(
-        key=b"quality-bench-key-0123456789abcdef",
-        k=args.k,
-        winnow_window=args.winnow,
-        min_run_words=args.min_run_words,
-        common_tenants=args.common_tenants,
-        plain_run_factor=args.plain_run_factor,
-        same_prompt_similarity=args.similarity,
-    )
+    config = engine_config(args.engine)
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "commonness.npz"

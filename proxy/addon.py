@@ -13,6 +13,7 @@ prompt is observed before it goes upstream. Every response is scanned as it stre
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -22,7 +23,7 @@ from . import config as configuration
 from . import mitm_errors
 from .engine import Engine, Finding
 from .eventlog import make_logger
-from .exchange import ExchangeMonitor
+from .exchange import BLOCK_MESSAGE, FAILED_CLOSED_MESSAGE, Enforcement, ExchangeMonitor
 from .protocols.openai import ProtocolError, error_body, parse_request, route_for
 from .tenants import TenantRules, request_id_of, resolve_tenant
 
@@ -49,7 +50,13 @@ class CrossTalk:
         self.engine: Engine | None = None
         self.log: Any = None
         self.rules = TenantRules()
-        self.counters: dict[str, int] = {"detector_errors": 0, "exchanges": 0, "findings": 0}
+        self.counters: dict[str, int] = {
+            "detector_errors": 0,
+            "exchanges": 0,
+            "findings": 0,
+            "failed_open": 0,
+            "failed_closed": 0,
+        }
         self._unknown_logged: set[str] = set()
 
     def load(self, loader) -> None:
@@ -146,12 +153,25 @@ class CrossTalk:
                 self._reject_unknown_tenant(flow, request_id)
                 return
             tenant = "anonymous"
+        policy = self.config.policy_for(tenant, flow.request.path)
+        enforcement = None
+        if policy.mode == "enforce":
+            enforcement = Enforcement(
+                holdback_words=policy.holdback_words,
+                min_foreign_words=policy.min_foreign_words,
+                fail_closed=policy.fail_closed,
+                budget_ms=policy.budget_ms,
+            )
+            # The gate cuts the stream into whole events: it needs plaintext bytes.
+            flow.request.headers["accept-encoding"] = "identity"
         monitor = ExchangeMonitor(
             route=route,
             tenant=tenant,
             request_id=request_id,
             scan=None,
             on_findings=self._on_findings,
+            enforcement=enforcement,
+            on_block=lambda _: self._abort_upstream(flow),
             model=parsed.model if parsed else None,
             prompt_chars=len(parsed.prompt) if parsed else 0,
         )
@@ -177,22 +197,27 @@ class CrossTalk:
             return
         monitor.start_stream(response.headers.get("content-encoding"))
 
-        def tap(chunk: bytes) -> bytes:
-            monitor.on_chunk(chunk)
-            return chunk
-
-        response.stream = tap
+        if self.config.proxy.log_evidence_text:
+            monitor.keep_text = True
+        response.stream = monitor.on_chunk
 
     def response(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
         if not monitor.stream:
+            if self.config.proxy.log_evidence_text:
+                monitor.keep_text = True
             body = self._decoded_body(flow.response, monitor)
             if body is not None and 200 <= flow.response.status_code < 300:
                 monitor.on_body(body)
             else:
                 monitor.close()
+            if monitor.enforcement is not None and monitor.detector_error is not None:
+                monitor.failed_closed = monitor.enforcement.fail_closed
+            if monitor.verdict == "blocked":
+                self._replace_with_block(flow, monitor)
+            flow.response.headers["x-crosstalk-verdict"] = monitor.verdict
         self._log_exchange(flow, monitor, flow.response.status_code)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -212,22 +237,50 @@ class CrossTalk:
             monitor.detector_error = f"body not decodable: {e}"
             return None
 
+    def _replace_with_block(self, flow: http.HTTPFlow, monitor: ExchangeMonitor) -> None:
+        """A non-streamed response that leaked (or could not be checked, failing
+        closed) is replaced: 451 for a leak, 503 for a failed detector."""
+        leak = monitor.blocked_by is not None
+        flow.response = http.Response.make(
+            451 if leak else 503,
+            error_body(
+                BLOCK_MESSAGE if leak else FAILED_CLOSED_MESSAGE,
+                type="leak_blocked",
+                code="cross_tenant_leak" if leak else "detector_failed",
+            ),
+            {"content-type": "application/json", "x-request-id": monitor.request_id},
+        )
+
+    def _abort_upstream(self, flow: http.HTTPFlow) -> None:
+        """Close the upstream connection so the engine stops generating. Deferred, so
+        that the error event already returned reaches the client first. Uses the
+        proxyserver addon's connection handlers (internal API, pinned by a test)."""
+        proxyserver = ctx.master.addons.get("proxyserver")
+        handler = proxyserver.connections.get(flow.client_conn.id) if proxyserver else None
+        if handler is None or not flow.server_conn.connected:
+            return
+        asyncio.get_running_loop().call_soon(handler.close_connection, flow.server_conn)
+
     def _on_findings(self, monitor: ExchangeMonitor, findings: list[Finding]) -> None:
         for finding in findings:
             self.counters["findings"] += 1
+            extra = {}
+            if self.config.proxy.log_evidence_text:
+                extra["evidence_text"] = monitor.text_of(finding)
             self.log.warning(
                 "leak.detected",
                 request_id=monitor.request_id,
                 tenant=monitor.tenant,
                 source_tenant=finding.source_tenant,
                 source_request_id=finding.source_request_id,
-                action="logged",
+                action=monitor.action_for(finding),
                 kind=finding.kind,
                 score=finding.score,
                 foreign_units=finding.foreign_units,
                 output_offset=[finding.start, finding.end],
                 choice=finding.choice,
                 evidence=finding.evidence,
+                **extra,
             )
 
     def _log_exchange(
@@ -236,12 +289,14 @@ class CrossTalk:
         self.counters["exchanges"] += 1
         if monitor.detector_error is not None:
             self.counters["detector_errors"] += 1
+            failed_closed = monitor.failed_closed and monitor.blocked_by is None
+            self.counters["failed_closed" if failed_closed else "failed_open"] += 1
             self.log.error(
                 "detector.error",
                 request_id=monitor.request_id,
                 tenant=monitor.tenant,
                 reason=monitor.detector_error,
-                action="failed_open",
+                action="failed_closed" if failed_closed else "failed_open",
             )
         fields: dict[str, Any] = {}
         if error:

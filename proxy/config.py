@@ -59,11 +59,60 @@ class DetectionSection:
     entities: bool = _ENGINE.entities
 
 
+POLICY_KEYS = {"mode": str, "min_foreign_words": float, "holdback_words": float}
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySection:
+    # Enforce mode holds back this many words of output until they are checked (16:
+    # twice the 8-word detection threshold, so a leak is caught before its first word
+    # is released; README, "Enforce").
+    holdback_words: float = 16.0
+    fail: str = "open"  # detector failure: "open" (pass, unscanned) or "closed" (cut)
+    detector_budget_ms: float = 50.0  # a scan call slower than this is a failure
+    # Overrides by tenant ([policy.tenants.NAME]) and by path prefix
+    # ([policy.routes."/v1/completions"]): mode, min_foreign_words, holdback_words.
+    tenants: dict[str, dict] = field(default_factory=dict)
+    routes: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What applies to one exchange."""
+
+    mode: str
+    holdback_words: float
+    min_foreign_words: float
+    fail_closed: bool
+    budget_ms: float
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     proxy: ProxySection = field(default_factory=ProxySection)
     tenants: TenantSection = field(default_factory=TenantSection)
     detection: DetectionSection = field(default_factory=DetectionSection)
+    policy: PolicySection = field(default_factory=PolicySection)
+
+    def policy_for(self, tenant: str, path: str) -> Policy:
+        """The tenant's overrides win over the route's (longest matching prefix), which
+        win over the global settings."""
+        route_path = path.split("?", 1)[0]
+        routes = sorted(
+            (prefix for prefix in self.policy.routes if route_path.startswith(prefix)),
+            key=len,
+        )
+        merged: dict = {}
+        for prefix in routes:
+            merged.update(self.policy.routes[prefix])
+        merged.update(self.policy.tenants.get(tenant, {}))
+        return Policy(
+            mode=merged.get("mode", self.proxy.mode),
+            holdback_words=float(merged.get("holdback_words", self.policy.holdback_words)),
+            min_foreign_words=float(merged.get("min_foreign_words", 0.0)),
+            fail_closed=self.policy.fail == "closed",
+            budget_ms=self.policy.detector_budget_ms,
+        )
 
     def engine_config(self) -> EngineConfig:
         d = self.detection
@@ -124,6 +173,7 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"
         )
+    _validate_policy(config.policy)
     config.engine_config()
     if d.state_file and not d.key:
         raise ConfigError(
@@ -131,6 +181,26 @@ def validate(config: Config) -> Config:
             "under a key generated at start mean nothing after a restart"
         )
     return config
+
+
+def _validate_policy(policy: PolicySection) -> None:
+    if policy.fail not in ("open", "closed"):
+        raise ConfigError(f"policy.fail must be open or closed, not {policy.fail!r}")
+    if policy.holdback_words < 0 or policy.detector_budget_ms <= 0:
+        raise ConfigError("policy: holdback_words >= 0 and detector_budget_ms > 0 needed")
+    for kind, table in (("tenants", policy.tenants), ("routes", policy.routes)):
+        for name, entry in table.items():
+            where = f"policy.{kind}.{name!r}"
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{where} must be a table")
+            if unknown := set(entry) - set(POLICY_KEYS):
+                raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}")
+            if entry.get("mode", "shadow") not in MODES:
+                raise ConfigError(f"{where}.mode must be one of {MODES}")
+            for key in ("min_foreign_words", "holdback_words"):
+                value = entry.get(key, 0)
+                if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                    raise ConfigError(f"{where}.{key} must be a number >= 0")
 
 
 def load(path: str | Path | None = None, **overrides: Any) -> Config:
@@ -147,7 +217,12 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
             continue
         section, _, key = name.partition("__")
         data.setdefault(section, {})[key] = value
-    sections = {"proxy": ProxySection, "tenants": TenantSection, "detection": DetectionSection}
+    sections = {
+        "proxy": ProxySection,
+        "tenants": TenantSection,
+        "detection": DetectionSection,
+        "policy": PolicySection,
+    }
     if unknown := set(data) - set(sections):
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     config = Config(**{n: _section(cls, n, data.get(n, {})) for n, cls in sections.items()})

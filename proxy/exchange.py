@@ -3,36 +3,73 @@
 ``ExchangeMonitor`` sits between the proxy's hooks and the engine. It decodes the
 response body (content-encoding, SSE, the API's JSON), feeds every output delta to the
 engine's ``ResponseScan`` and keeps what the exchange log needs. It has no mitmproxy
-imports: the addon hands it raw chunks, tests and replay can do the same.
+imports: the addon hands it raw chunks and forwards what it returns.
 
-The detector must never break clean traffic. Every engine or parser failure is caught
-here: the exchange carries on unscanned ("fails open"), ``detector_error`` says why,
-and the caller logs it once.
+Shadow: every chunk is forwarded as it came. Enforce: the stream is cut into whole SSE
+events, each scanned before it joins the holdback (``StreamGate``); on a finding the
+held events are dropped and the client gets one error event in the API's format.
+
+The detector must never break clean traffic. An engine or parser failure, or a scan
+slower than the time budget, is caught here: the exchange carries on unscanned
+("fails open", the held events are released) or, when configured, is cut ("fails
+closed"); ``detector_error`` says why and the caller logs it once.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .decoding import Decoder, UnsupportedEncoding, stream_decoder
 from .engine import Finding, ResponseScan
-from .protocols.openai import OutputDelta, ProtocolError, Route, StreamParser, parse_response
-from .sse import SSEDecoder
+from .engine.tokens import WORD_WEIGHT, units_of
+from .gate import StreamGate
+from .protocols.openai import (
+    OutputDelta,
+    ProtocolError,
+    Route,
+    StreamParser,
+    error_event,
+    parse_response,
+)
+from .sse import SSEDecoder, SSEFramer
 
 FindingsCallback = Callable[["ExchangeMonitor", list[Finding]], None]
+BLOCK_MESSAGE = (
+    "The response was stopped by crosstalk: it contained another tenant's data "
+    "(cross-tenant leak in the serving engine)."
+)
+FAILED_CLOSED_MESSAGE = "The response was stopped by crosstalk: the leak detector failed."
+
+
+@dataclass(frozen=True, slots=True)
+class Enforcement:
+    """How an enforced exchange behaves (per tenant and route, from the policy)."""
+
+    holdback_words: float = 16.0
+    min_foreign_words: float = 0.0  # findings below this are logged, not blocked
+    fail_closed: bool = False
+    budget_ms: float = 50.0  # one scan call slower than this counts as a detector failure
+
+
+def words_in(text: str) -> float:
+    """Output words in ``text`` (a CJK character counts half), as the engine counts."""
+    return sum(u.weight for u in units_of(text)) / WORD_WEIGHT
 
 
 @dataclass
 class ExchangeMonitor:
-    """Per-exchange state: identity, timings, the scan, and what was seen."""
+    """Per-exchange state: identity, timings, the scan, the gate, and what was seen."""
 
     route: Route
     tenant: str
     request_id: str
     scan: ResponseScan | None
     on_findings: FindingsCallback
+    enforcement: Enforcement | None = None  # None: shadow
+    on_block: Callable[[ExchangeMonitor], None] | None = None
     model: str | None = None
     stream: bool = False
     prompt_chars: int = 0
@@ -40,12 +77,20 @@ class ExchangeMonitor:
     first_output: float | None = None
     output_chars: int = 0
     findings: list[Finding] = field(default_factory=list)
+    blocked_by: Finding | None = None
+    failed_closed: bool = False
     detector_error: str | None = None
     upstream_error: dict | None = None
     truncated: bool = False
     _decode: Decoder | None = None
     _sse: SSEDecoder | None = None
     _parser: StreamParser | None = None
+    _framer: SSEFramer | None = None
+    _gate: StreamGate | None = None
+    keep_text: bool = False  # keep the output text (log_evidence_text)
+    _texts: dict[int, list[str]] = field(default_factory=dict)
+    _unscanned: deque[bytes] = field(default_factory=deque)
+    _cut_sent: bool = False
 
     # -- streamed responses ----------------------------------------------------------
 
@@ -57,11 +102,38 @@ class ExchangeMonitor:
             self._decode = stream_decoder(content_encoding)
         except UnsupportedEncoding as e:
             self._fail(e)
+            return
+        if self.enforcement is not None:
+            if content_encoding not in (None, "", "identity"):
+                # The gate releases whole events; compressed bytes cannot be cut into
+                # events. The addon asks for identity encoding upstream in enforce mode.
+                self._fail(UnsupportedEncoding(f"compressed stream ({content_encoding})"))
+                return
+            self._framer = SSEFramer()
+            self._gate = StreamGate(self.enforcement.holdback_words)
 
-    def on_chunk(self, chunk: bytes) -> None:
-        """One raw chunk of the SSE body, as received; ``b""`` at the end."""
+    def on_chunk(self, chunk: bytes) -> list[bytes]:
+        """One raw chunk of the SSE body as received (``b""`` at the end); returns what
+        to send to the client now."""
         if self.first_output is None and chunk:
             self.first_output = time.monotonic()
+        if self._gate is None:  # shadow, or enforcement that failed open
+            if self._must_fail_closed():
+                return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
+            self._shadow_chunk(chunk)
+            return [chunk] if chunk else []
+        if self._gate.cut_done:
+            return []
+        try:
+            out = self._enforce_chunk(chunk)
+        except Exception as e:  # noqa: BLE001 -- fail open/closed, reported by the caller
+            self._fail(e)
+            return self._after_failure()
+        if self.blocked_by is not None:
+            return out + self._cut(BLOCK_MESSAGE, "cross_tenant_leak")
+        return out
+
+    def _shadow_chunk(self, chunk: bytes) -> None:
         if self.detector_error is not None or self._sse is None or self._decode is None:
             return
         try:
@@ -70,12 +142,58 @@ class ExchangeMonitor:
             for event in events:
                 self._deliver(self._parser.feed(event))
             if not chunk:
-                self.truncated = self._sse.truncated or not self._parser.done
-                self.upstream_error = self._parser.error
-                self.model = self.model or self._parser.model
-                self._finish()
-        except Exception as e:  # noqa: BLE001 -- fail open, reported by the caller
+                self._end_of_stream()
+        except Exception as e:  # noqa: BLE001
             self._fail(e)
+
+    def _enforce_chunk(self, chunk: bytes) -> list[bytes]:
+        self._unscanned.extend(self._framer.feed(chunk) if chunk else [])
+        if not chunk and (rest := self._framer.close()):
+            self._unscanned.append(rest)  # an unterminated last event: scanned, then sent
+        while self._unscanned:
+            raw = self._unscanned[0]
+            words = 0.0
+            for event in self._sse.feed(raw):
+                deltas = self._parser.feed(event)
+                words += sum(words_in(d.text) for d in deltas)
+                self._deliver(deltas)
+            self._gate.push(raw, words)
+            self._unscanned.popleft()
+            if self.blocked_by is not None:
+                return []
+        if chunk:
+            return self._gate.release()
+        self._sse.close()
+        self._end_of_stream()
+        return [] if self.blocked_by is not None else self._gate.flush()
+
+    def _must_fail_closed(self) -> bool:
+        return bool(
+            self.detector_error and self.enforcement is not None and self.enforcement.fail_closed
+        )
+
+    def _after_failure(self) -> list[bytes]:
+        """The detector failed mid-stream. Fail closed: cut. Fail open: release every
+        byte received so far, in order, and pass the rest through unscanned."""
+        if self._must_fail_closed():
+            return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
+        drained = [*self._gate.flush(), *self._unscanned, self._framer.close()]
+        self._unscanned.clear()
+        self._gate = None
+        return [b for b in drained if b]
+
+    def _cut(self, message: str, code: str) -> list[bytes]:
+        """End the client's stream with one error event (once)."""
+        if self._cut_sent:
+            return []
+        self._cut_sent = True
+        if self.blocked_by is None:
+            self.failed_closed = True
+        if self._gate is not None:
+            self._gate.cut()
+        if self.on_block is not None:
+            self.on_block(self)
+        return [error_event(message, type="leak_blocked", code=code)]
 
     # -- whole responses ---------------------------------------------------------------
 
@@ -106,26 +224,64 @@ class ExchangeMonitor:
 
     # -- internals -------------------------------------------------------------------
 
+    def _end_of_stream(self) -> None:
+        self.truncated = self._sse.truncated or not self._parser.done
+        self.upstream_error = self._parser.error
+        self.model = self.model or self._parser.model
+        self._finish()
+
     def _deliver(self, deltas: list[OutputDelta]) -> None:
         for delta in deltas:
             self.output_chars += len(delta.text)
+            if self.keep_text:
+                self._texts.setdefault(delta.choice, []).append(delta.text)
             if self.scan is not None:
-                self._report(self.scan.feed(delta.text, delta.choice))
+                self._report(self._timed(self.scan.feed, delta.text, delta.choice))
 
     def _finish(self) -> None:
         if self.scan is not None and not self.scan.finished:
-            self._report(self.scan.finish())
+            self._report(self._timed(self.scan.finish))
+
+    def _timed(self, call, *args) -> list[Finding]:
+        start = time.perf_counter()
+        found = call(*args)
+        elapsed_ms = (time.perf_counter() - start) * 1000
+        if self.enforcement is not None and elapsed_ms > self.enforcement.budget_ms:
+            raise TimeoutError(
+                f"scan took {elapsed_ms:.1f} ms (budget {self.enforcement.budget_ms} ms)"
+            )
+        return found
 
     def _report(self, findings: list[Finding]) -> None:
-        if findings:
-            self.findings += findings
-            self.on_findings(self, findings)
+        if not findings:
+            return
+        self.findings += findings
+        if self.enforcement is not None and self.blocked_by is None:
+            for finding in findings:
+                if finding.kind != "fragment" or (
+                    finding.foreign_units >= self.enforcement.min_foreign_words
+                ):
+                    self.blocked_by = finding
+                    break
+        self.on_findings(self, findings)
 
     def _fail(self, error: Exception) -> None:
         self.detector_error = f"{type(error).__name__}: {error}"
 
+    def text_of(self, finding: Finding) -> str | None:
+        """The leaked span as the client's output had it (only with ``keep_text``)."""
+        if not self.keep_text:
+            return None
+        return "".join(self._texts.get(finding.choice, []))[finding.start : finding.end]
+
+    def action_for(self, finding: Finding) -> str:
+        """What was done about ``finding``: blocked, or only logged."""
+        return "blocked" if finding is self.blocked_by else "logged"
+
     @property
     def verdict(self) -> str:
+        if self.blocked_by is not None or self.failed_closed:
+            return "blocked"
         return "leak" if self.findings else "clean"
 
     @property

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import re
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "SSEEvent"]
+__all__ = ["SSEDecoder", "SSEEvent", "SSEFramer"]
 
 _BOM = "\ufeff"
 
@@ -209,3 +210,37 @@ class SSEDecoder:
             id=self._last_id,
             retry=retry,
         )
+
+
+# A line ending is CRLF, LF or CR; an event ends at an empty line. Atomic groups keep
+# "\r\n" one line ending (never "\r" then "\n"), which would end events early.
+_EVENT_END = re.compile(rb"(?>\r\n|\r|\n)(?>\r\n|\r|\n)")
+
+
+class SSEFramer:
+    """Cuts a raw SSE byte stream into whole events, bytes unchanged.
+
+    The enforcing proxy holds back and releases whole events; it needs their exact
+    bytes, not decoded fields. ``feed`` returns the events completed by a chunk (each
+    with its terminating blank line); ``close`` returns what is left (an unterminated
+    event, or b""). A chunk ending in ``\\r`` is held until the next chunk shows whether
+    a ``\\n`` follows.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buffer + chunk
+        searchable = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
+        events = []
+        start = 0
+        for match in _EVENT_END.finditer(buf, 0, searchable):
+            events.append(buf[start : match.end()])
+            start = match.end()
+        self._buffer = buf[start:]
+        return events
+
+    def close(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return rest

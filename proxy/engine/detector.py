@@ -49,6 +49,7 @@ class EngineConfig:
     # many times longer: boilerplate coincides in short runs, private text has names,
     # numbers and rare words.
     plain_run_factor: float = 2.0
+    plain_output_factor: float = 0.0  # the same for a model's output; 0: never
     plain_share: float = 0.25  # a word is plain once this share of tenants used it
     containment: float = 0.5  # share of its span that scattered coverage must fill
     common_tenants: int = 3  # text used by this many tenants is shared, not private
@@ -456,7 +457,8 @@ class ResponseScan:
         distinctive words.
         """
         config = self.engine.config
-        if not of_output and run.best >= threshold * config.plain_run_factor:
+        factor = config.plain_output_factor if of_output else config.plain_run_factor
+        if factor and run.best >= threshold * factor:
             return True
         if run.best >= threshold and state.distinctive(run.best_start, run.best_end + 1):
             return True

@@ -71,6 +71,9 @@ class _State:
     # Bytes sent per request id (newest SENT_RECORDS), for tests that check the proxy
     # delivered exactly what the engine sent: GET /_sim/sent/{request_id}.
     sent: OrderedDict[str, bytearray] = field(default_factory=OrderedDict)
+    # How each stream ended: "complete" or "aborted after N of M events" (test hook:
+    # GET /_sim/outcome/{request_id}), to show that a cut stream stopped generation.
+    outcomes: dict[str, str] = field(default_factory=dict)
 
     def record(self, request_id: str, data: bytes) -> None:
         buf = self.sent.get(request_id)
@@ -428,6 +431,7 @@ async def _stream(
             sse({"error": {"message": "engine overloaded", "type": "server_error"}})
         ]
     truncate_at = len(events) // 2 if "truncate" in ex.misbehave else None
+    i = -1
     try:
         async for i, event in _paced(events, delay):
             if truncate_at is not None and i == truncate_at:
@@ -442,8 +446,10 @@ async def _stream(
             state.record(ex.request_id, tail)
             await resp.write(tail)
         await resp.write_eof()
-    except ConnectionResetError:
-        pass  # client went away mid-stream; nothing more to send
+        state.outcomes[ex.request_id] = "complete"
+    except (ConnectionResetError, asyncio.CancelledError):
+        # The client (or a proxy cutting the stream) went away: the engine stops here.
+        state.outcomes[ex.request_id] = f"aborted after {i + 1} of {len(events)} events"
     return resp
 
 
@@ -462,6 +468,12 @@ async def _write(
         data = compressor.compress(data) + compressor.flush(zlib.Z_SYNC_FLUSH)
     state.record(ex.request_id, data)
     await resp.write(data)
+
+
+async def outcome(request: web.Request) -> web.Response:
+    """GET /_sim/outcome/{request_id}: how that stream ended (test hook)."""
+    result = request.app[STATE_KEY].outcomes.get(request.match_info["request_id"])
+    return web.json_response({"outcome": result}, status=200 if result else 404)
 
 
 async def sent(request: web.Request) -> web.Response:
@@ -518,6 +530,7 @@ def make_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/health", health)
     app.router.add_get("/_sim/sent/{request_id}", sent)
+    app.router.add_get("/_sim/outcome/{request_id}", outcome)
     return app
 
 

@@ -1,0 +1,699 @@
+"""Passthrough cost benchmark: what crosstalk adds to streamed LLM traffic.
+
+The same load goes, in one run, to each target in ``make_targets``:
+
+* ``direct``: straight to the simulated engine (no proxy), a floor;
+* ``bare mitmdump``: ``mitmdump --mode reverse:SIM --set stream_large_bodies=1`` with no
+  addon, the baseline (mitmproxy itself, streaming every body);
+* ``crosstalk shadow``: ``python -m proxy run --upstream SIM --mode shadow``.
+
+One simulator process (``python -m proxy sim --token-delay D``) serves every target; all
+proxies are started at once and used only once their port answers ``GET /v1/models``.
+
+Load: ``--concurrency`` clients (default 8) on one keep-alive aiohttp session share a
+list of ``--requests`` streamed chat completions (default 200 per target per round).
+Prompts come from ``proxy.sim.workload.Workload`` (20 tenants, sent as ``X-Tenant-ID``;
+shared system prompts, pasted documents, code, CJK, multi-turn), answers are capped by
+``--max-tokens``. Measured per request: TTFT = from just before the request is sent to
+the first SSE ``data:`` event whose delta carries non-empty content; SSE events and bytes
+received; completion time. Every response must be HTTP 200 ``text/event-stream`` ending
+with ``data: [DONE]``; anything else counts as a failure (target: 0).
+
+Noise control (shared 2-core machine): an unmeasured warm-up round, then ``--rounds``
+rounds; in each round every target gets the identical request list, in a shuffled target
+order. Per round and target: TTFT p50/p99, events/s = SSE events received / wall time of
+that target's load, and the proxy process's CPU time (from /proc). Reported values are
+medians of the per-round values; ratios against bare mitmdump are computed per round, then
+medianed. Targets (crosstalk rows): TTFT p50 ratio <= 1.05 and events/s ratio >= 0.95.
+
+    python bench/passthrough.py [--quick] [--rounds 5] [--requests 200] [--json out.json]
+
+Adding a target (e.g. enforce mode) is one line in ``make_targets``. Exit status: 0 when
+every gated target passes and no request failed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import gc
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from proxy.sim.workload import Workload  # noqa: E402
+
+HOST = "127.0.0.1"
+BASELINE = "bare mitmdump"
+DIRECT = "direct"
+TTFT_RATIO_MAX = 1.05
+EVENTS_RATIO_MIN = 0.95
+TENANTS = 20
+READY_TIMEOUT = 30.0  # seconds for every server to answer
+REQUEST_TIMEOUT = 120.0  # seconds for one streamed response
+STOP_TIMEOUT = 5.0  # seconds between SIGTERM and SIGKILL
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+# --- targets ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One row of the table: a server command line (None: the simulator itself)."""
+
+    name: str
+    argv: list[str] | None
+    port: int | None
+    gated: bool = False  # checked against the ratio targets
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def mitmdump_path() -> str:
+    """The mitmdump next to this interpreter (the venv's), else the one on PATH."""
+    sibling = Path(sys.executable).with_name("mitmdump")
+    return str(sibling) if sibling.exists() else shutil.which("mitmdump") or "mitmdump"
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def make_targets(sim_url: str, workdir: Path, crosstalk_args: Sequence[str] = ()) -> list[Target]:
+    """Every target of the run. Add rows here; ``crosstalk(...)`` takes extra CLI args."""
+
+    def mitmdump(name: str, *extra: str) -> Target:
+        port = free_port()
+        argv = [
+            mitmdump_path(),
+            "-q",
+            "--mode",
+            f"reverse:{sim_url}",
+            "--listen-host",
+            HOST,
+            "-p",
+            str(port),
+            "--set",
+            "stream_large_bodies=1",
+            *extra,
+        ]
+        return Target(name, argv, port)
+
+    def crosstalk(name: str, mode: str, *extra: str) -> Target:
+        port = free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "proxy",
+            "run",
+            "--upstream",
+            sim_url,
+            "--listen-host",
+            HOST,
+            "--listen-port",
+            str(port),
+            "--log-file",
+            str(workdir / f"{slug(name)}.jsonl"),
+            "--mode",
+            mode,
+            *crosstalk_args,
+            *extra,
+        ]
+        return Target(name, argv, port, gated=True)
+
+    return [
+        Target(DIRECT, None, None),
+        mitmdump(BASELINE),
+        crosstalk("crosstalk shadow", "shadow"),
+        # crosstalk("crosstalk enforce", "enforce"),
+    ]
+
+
+# --- processes ----------------------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the benchmark dies, however it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Server:
+    """A started server process and where its output goes."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def cpu_seconds(self) -> float | None:
+        """utime + stime of the process so far, from /proc (None where unavailable)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def start_server(name: str, argv: list[str], workdir: Path) -> Server:
+    log = workdir / f"{slug(name)}.out"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+    return Server(name, proc, log)
+
+
+def stop_servers(servers: Sequence[Server]) -> None:
+    """SIGTERM every server we started, then SIGKILL what is still alive after a grace time."""
+    for s in servers:
+        if s.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                s.proc.terminate()
+    deadline = time.monotonic() + STOP_TIMEOUT
+    for s in servers:
+        try:
+            s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            s.proc.wait(timeout=STOP_TIMEOUT)
+
+
+async def wait_ready(urls: dict[str, str], servers: dict[str, Server]) -> None:
+    """Poll ``GET /v1/models`` on every URL until it answers 200 (bounded)."""
+    deadline = time.monotonic() + READY_TIMEOUT
+    pending = dict(urls)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        while pending:
+            for name, url in list(pending.items()):
+                server = servers.get(name)
+                if server is not None and server.proc.poll() is not None:
+                    raise RuntimeError(
+                        f"{name} exited with {server.proc.returncode}:\n{server.tail()}"
+                    )
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
+                    async with session.get(f"{url}/v1/models") as resp:
+                        await resp.read()
+                        if resp.status == 200:
+                            del pending[name]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                tails = "\n".join(f"--- {n}:\n{servers[n].tail()}" for n in pending if n in servers)
+                raise RuntimeError(
+                    f"not ready after {READY_TIMEOUT:.0f} s: {sorted(pending)}\n{tails}"
+                )
+            await asyncio.sleep(0.1)
+
+
+# --- load ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request: its tenant and its pre-encoded JSON body."""
+
+    tenant: str
+    body: bytes
+
+
+@dataclass(slots=True)
+class Result:
+    """What one streamed response looked like from the client."""
+
+    ttft: float | None = None  # seconds to the first content delta
+    total: float = 0.0  # seconds to the end of the body
+    events: int = 0  # SSE events with data (the [DONE] event included)
+    nbytes: int = 0
+    error: str | None = None
+
+
+def make_jobs(n: int, seed: int, max_tokens: int) -> list[Job]:
+    """n streamed chat requests of the multi-tenant workload (completions sent as chat)."""
+    jobs = []
+    for req in Workload(tenants=TENANTS, seed=seed).requests(n):
+        body: dict[str, Any] = {"model": "sim-llm-1", "messages": req.messages, "stream": True}
+        if max_tokens > 0:
+            body["max_tokens"] = max_tokens
+        jobs.append(Job(req.tenant, orjson.dumps(body)))
+    return jobs
+
+
+def has_content(data: bytes) -> bool:
+    """Whether an SSE data payload carries output text (chat delta or completions text)."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return False
+    choices = obj.get("choices") if isinstance(obj, dict) else None
+    for choice in choices or ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and delta.get("content"):
+            return True
+        if choice.get("text"):
+            return True
+    return False
+
+
+async def one_request(session: aiohttp.ClientSession, url: str, job: Job) -> Result:
+    res = Result()
+    headers = {"Content-Type": "application/json", "X-Tenant-ID": job.tenant}
+    done = False
+    after_done = False
+    buf = b""
+    t0 = time.perf_counter()
+    try:
+        async with session.post(url, data=job.body, headers=headers) as resp:
+            ctype = resp.headers.get("Content-Type", "")
+            if resp.status != 200 or "text/event-stream" not in ctype:
+                body = await resp.read()
+                res.error = f"HTTP {resp.status} {ctype}: {body[:120]!r}"
+                return res
+            async for chunk in resp.content.iter_any():
+                res.nbytes += len(chunk)
+                buf += chunk
+                while (end := buf.find(b"\n\n")) >= 0:
+                    event, buf = buf[:end], buf[end + 2 :]
+                    for line in event.split(b"\n"):
+                        if not line.startswith(b"data:"):
+                            continue
+                        res.events += 1
+                        data = line[5:].strip()
+                        if done:
+                            after_done = True
+                        elif data == b"[DONE]":
+                            done = True
+                        elif res.ttft is None and has_content(data):
+                            res.ttft = time.perf_counter() - t0
+        res.total = time.perf_counter() - t0
+    except (aiohttp.ClientError, TimeoutError, OSError) as e:
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    if not done:
+        res.error = "stream ended without data: [DONE]"
+    elif after_done or buf.strip():
+        res.error = "data after [DONE]"
+    elif res.ttft is None:
+        res.error = "no content delta"
+    return res
+
+
+def new_session(concurrency: int) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT)
+    )
+
+
+async def run_load(
+    base_url: str, jobs: Sequence[Job], concurrency: int
+) -> tuple[list[Result], float]:
+    """All jobs through `concurrency` workers on warm keep-alive connections; (results, wall)."""
+    url = f"{base_url}/v1/chat/completions"
+    async with new_session(concurrency) as session:
+        # Open every connection (and the proxy's upstream connection) before timing.
+        async def warm() -> None:
+            async with session.get(f"{base_url}/v1/models") as resp:
+                await resp.read()
+
+        await asyncio.gather(*(warm() for _ in range(concurrency)))
+        results: list[Result] = []
+        it: Iterator[Job] = iter(jobs)
+
+        async def worker() -> None:
+            for job in it:  # one event loop: next() is never concurrent
+                results.append(await one_request(session, url, job))
+
+        gc.collect()
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return results, wall
+
+
+# --- statistics ---------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]); nan for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+@dataclass
+class RoundStats:
+    """One target's numbers in one round."""
+
+    target: str
+    round: int
+    order: int  # position of the target in this round's shuffled order
+    requests: int
+    failures: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    completion_p50_ms: float
+    events: int
+    bytes: int
+    wall_s: float
+    events_per_s: float
+    proxy_cpu_s: float | None
+    proxy_cpu_pct: float | None
+    errors: list[str] = field(default_factory=list)
+
+
+def round_stats(
+    target: str,
+    rnd: int,
+    order: int,
+    results: Sequence[Result],
+    wall: float,
+    cpu_s: float | None,
+) -> RoundStats:
+    ttfts = [r.ttft * 1000 for r in results if r.ttft is not None and r.error is None]
+    totals = [r.total * 1000 for r in results if r.error is None]
+    events = sum(r.events for r in results)
+    errors = [r.error for r in results if r.error is not None]
+    return RoundStats(
+        target=target,
+        round=rnd,
+        order=order,
+        requests=len(results),
+        failures=len(errors),
+        ttft_p50_ms=percentile(ttfts, 50),
+        ttft_p99_ms=percentile(ttfts, 99),
+        completion_p50_ms=percentile(totals, 50),
+        events=events,
+        bytes=sum(r.nbytes for r in results),
+        wall_s=wall,
+        events_per_s=events / wall if wall > 0 else float("nan"),
+        proxy_cpu_s=cpu_s,
+        proxy_cpu_pct=None if cpu_s is None else 100 * cpu_s / wall,
+        errors=errors[:5],
+    )
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+@dataclass
+class Summary:
+    """A target's medians across rounds and its per-round ratios to bare mitmdump."""
+
+    target: str
+    gated: bool
+    rounds: int
+    failures: int
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    completion_p50_ms: float | None
+    events_per_s: float | None
+    proxy_cpu_pct: float | None
+    proxy_cpu_ms_per_req: float | None
+    ttft_p50_ratio: float | None
+    ttft_p99_ratio: float | None
+    events_ratio: float | None
+    ttft_p50_ratios: list[float]
+    events_ratios: list[float]
+    ttft_pass: bool | None
+    events_pass: bool | None
+
+
+def summarise(targets: Sequence[Target], rows: Sequence[RoundStats]) -> list[Summary]:
+    by: dict[tuple[str, int], RoundStats] = {(r.target, r.round): r for r in rows}
+    rounds = sorted({r.round for r in rows})
+    out = []
+    for t in targets:
+        mine = [by[(t.name, n)] for n in rounds if (t.name, n) in by]
+        base = [by.get((BASELINE, n)) for n in rounds if (t.name, n) in by]
+        p50r = [m.ttft_p50_ms / b.ttft_p50_ms for m, b in zip(mine, base, strict=True) if b]
+        p99r = [m.ttft_p99_ms / b.ttft_p99_ms for m, b in zip(mine, base, strict=True) if b]
+        evr = [m.events_per_s / b.events_per_s for m, b in zip(mine, base, strict=True) if b]
+        cpu_per_req = [
+            1000 * m.proxy_cpu_s / m.requests if m.proxy_cpu_s is not None else None for m in mine
+        ]
+        ttft_ratio, events_ratio = median_of(p50r), median_of(evr)
+        out.append(
+            Summary(
+                target=t.name,
+                gated=t.gated,
+                rounds=len(mine),
+                failures=sum(m.failures for m in mine),
+                ttft_p50_ms=median_of([m.ttft_p50_ms for m in mine]),
+                ttft_p99_ms=median_of([m.ttft_p99_ms for m in mine]),
+                completion_p50_ms=median_of([m.completion_p50_ms for m in mine]),
+                events_per_s=median_of([m.events_per_s for m in mine]),
+                proxy_cpu_pct=median_of([m.proxy_cpu_pct for m in mine]),
+                proxy_cpu_ms_per_req=median_of(cpu_per_req),
+                ttft_p50_ratio=ttft_ratio,
+                ttft_p99_ratio=median_of(p99r),
+                events_ratio=events_ratio,
+                ttft_p50_ratios=p50r,
+                events_ratios=evr,
+                ttft_pass=None
+                if not t.gated or ttft_ratio is None
+                else ttft_ratio <= TTFT_RATIO_MAX,
+                events_pass=None
+                if not t.gated or events_ratio is None
+                else events_ratio >= EVENTS_RATIO_MIN,
+            )
+        )
+    return out
+
+
+def fmt(value: float | None, spec: str = ".1f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def verdict(s: Summary) -> str:
+    if not s.gated:
+        return "baseline" if s.target == BASELINE else ""
+    if s.ttft_pass is None or s.events_pass is None:
+        return "n/a"
+    missed = [m for m, ok in (("TTFT", s.ttft_pass), ("events/s", s.events_pass)) if not ok]
+    if s.failures:
+        missed.append("failures")
+    return "PASS" if not missed else "FAIL (" + ", ".join(missed) + ")"
+
+
+def table(summaries: Sequence[Summary]) -> str:
+    head = (
+        "| target | TTFT p50 ms | TTFT p99 ms | events/s | TTFT p50 / bare | events/s / bare "
+        "| TTFT p99 / bare | req p50 ms | proxy CPU % | CPU ms/req | failures | verdict |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for s in summaries:
+        lines.append(
+            f"| {s.target} | {fmt(s.ttft_p50_ms, '.2f')} | {fmt(s.ttft_p99_ms, '.2f')} "
+            f"| {fmt(s.events_per_s, '.0f')} | {fmt(s.ttft_p50_ratio, '.3f')} "
+            f"| {fmt(s.events_ratio, '.3f')} | {fmt(s.ttft_p99_ratio, '.3f')} "
+            f"| {fmt(s.completion_p50_ms, '.0f')} | {fmt(s.proxy_cpu_pct, '.0f')} "
+            f"| {fmt(s.proxy_cpu_ms_per_req, '.2f')} | {s.failures} | {verdict(s)} |"
+        )
+    return "\n".join(lines)
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+async def bench(
+    args: argparse.Namespace,
+    targets: Sequence[Target],
+    urls: dict[str, str],
+    servers: dict[str, Server],
+) -> list[RoundStats]:
+    await wait_ready(urls, servers)
+    rng = random.Random(args.seed)
+    rows: list[RoundStats] = []
+    warm_jobs = make_jobs(args.concurrency * 2, args.seed + 10_000, args.max_tokens)
+    for rnd in range(args.rounds + 1):  # round 0: warm-up, not reported
+        jobs = warm_jobs if rnd == 0 else make_jobs(args.requests, args.seed + rnd, args.max_tokens)
+        order = list(targets)
+        rng.shuffle(order)
+        for pos, t in enumerate(order):
+            server = servers.get(t.name)
+            cpu0 = server.cpu_seconds() if server else None
+            results, wall = await run_load(urls[t.name], jobs, args.concurrency)
+            cpu1 = server.cpu_seconds() if server else None
+            if server is not None and server.proc.poll() is not None:
+                raise RuntimeError(f"{t.name} died during the load:\n{server.tail()}")
+            cpu = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+            stats = round_stats(t.name, rnd, pos, results, wall, cpu)
+            label = "warm-up" if rnd == 0 else f"round {rnd}/{args.rounds}"
+            print(
+                f"{label:>11} {t.name:<20} TTFT p50 {stats.ttft_p50_ms:7.2f} ms "
+                f"p99 {stats.ttft_p99_ms:7.2f} ms  {stats.events_per_s:7.0f} ev/s  "
+                f"wall {wall:5.1f} s  cpu {fmt(stats.proxy_cpu_pct, '3.0f'):>3}%  "
+                f"fail {stats.failures}",
+                flush=True,
+            )
+            for err in stats.errors:
+                print(f"{'':>11} ! {err}", flush=True)
+            if rnd > 0:
+                rows.append(stats)
+    return rows
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="~30 s: 3 rounds of 48 requests")
+    p.add_argument("--rounds", type=int, help="measured rounds (default 5, --quick 3)")
+    p.add_argument("--requests", type=int, help="per target per round (default 200, quick 48)")
+    p.add_argument("--concurrency", type=int, default=8, help="concurrent clients")
+    p.add_argument("--token-delay", type=float, default=0.005, help="simulator s per event")
+    p.add_argument(
+        "--max-tokens", type=int, default=80, help="answer cap in words (0: full ~160-word answers)"
+    )
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--crosstalk-args", default="", help="extra arguments for every crosstalk command (shell)"
+    )
+    p.add_argument("--keep-logs", metavar="DIR", help="write server output and event logs here")
+    p.add_argument("--json", metavar="PATH", help="write every number here")
+    args = p.parse_args(argv)
+    args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
+    args.requests = args.requests if args.requests is not None else (48 if args.quick else 200)
+    if args.rounds < 1 or args.requests < 1 or args.concurrency < 1:
+        p.error("--rounds, --requests and --concurrency must be >= 1")
+    return args
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    servers: list[Server] = []
+    with contextlib.ExitStack() as stack:
+        if args.keep_logs:
+            workdir = Path(args.keep_logs)
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="passthrough-")))
+        stack.callback(stop_servers, servers)  # runs first: before the directory goes
+        sim_port = free_port()
+        sim_url = f"http://{HOST}:{sim_port}"
+        sim_argv = [sys.executable, "-m", "proxy", "sim", "--host", HOST, "--port", str(sim_port)]
+        sim_argv += ["--token-delay", str(args.token_delay)]
+        servers.append(start_server("sim", sim_argv, workdir))
+        targets = make_targets(sim_url, workdir, shlex.split(args.crosstalk_args))
+        names = [t.name for t in targets]
+        if len(set(names)) != len(names) or BASELINE not in names:
+            raise SystemExit(f"target names must be unique and include {BASELINE!r}")
+        by_name: dict[str, Server] = {}
+        urls: dict[str, str] = {}
+        for t in targets:
+            if t.argv is None:
+                urls[t.name] = sim_url
+                continue
+            by_name[t.name] = start_server(t.name, t.argv, workdir)
+            servers.append(by_name[t.name])
+            urls[t.name] = f"http://{HOST}:{t.port}"
+        print(
+            f"passthrough: {len(targets)} targets, {args.rounds} rounds x {args.requests} "
+            f"requests, {args.concurrency} clients, token delay {args.token_delay * 1000:g} ms, "
+            f"max_tokens {args.max_tokens or 'none'}, {os.cpu_count()} CPUs",
+            flush=True,
+        )
+        started = time.monotonic()
+        try:
+            rows = asyncio.run(bench(args, targets, urls, {"sim": servers[0], **by_name}))
+        except KeyboardInterrupt:
+            print("\ninterrupted; stopping servers", file=sys.stderr)
+            return 130
+        except RuntimeError as e:
+            print(f"passthrough: {e}", file=sys.stderr)
+            return 1
+        elapsed = time.monotonic() - started
+
+    summaries = summarise(targets, rows)
+    print()
+    print(table(summaries))
+    print()
+    print(
+        f"Medians over {args.rounds} rounds; ratios per round vs {BASELINE}, then medianed. "
+        f"Targets: TTFT p50 ratio <= {TTFT_RATIO_MAX}, events/s ratio >= {EVENTS_RATIO_MIN}, "
+        f"0 failures. Run took {elapsed:.0f} s."
+    )
+    for s in summaries:
+        if s.gated:
+            print(
+                f"  {s.target}: per-round TTFT p50 ratios "
+                + " ".join(f"{r:.3f}" for r in s.ttft_p50_ratios)
+                + "; events/s ratios "
+                + " ".join(f"{r:.3f}" for r in s.events_ratios)
+            )
+    ok = all(verdict(s) == "PASS" for s in summaries if s.gated) and not any(
+        s.failures for s in summaries
+    )
+    if args.json:
+        doc = {
+            "config": {
+                k: v for k, v in vars(args).items() if k not in ("json", "keep_logs", "quick")
+            },
+            "targets": [asdict(t) for t in targets],
+            "thresholds": {
+                "ttft_p50_ratio_max": TTFT_RATIO_MAX,
+                "events_ratio_min": EVENTS_RATIO_MIN,
+            },
+            "summary": [asdict(s) for s in summaries],
+            "rounds": [asdict(r) for r in rows],
+            "elapsed_s": elapsed,
+            "pass": ok,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""Leaks end to end: the simulator injects cross-tenant faults, a real mitmdump with the
+crosstalk addon sits in front, >= 1,000 requests from 24 tenants arrive 16 at a time
+through the openai SDK. Shadow mode must log every target leak with the right source
+and leave every byte alone; enforce mode must cut them before any private word of
+the leak reaches the client, abort the upstream, and leave clean traffic intact."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from conftest import run_mitmdump, run_sim, wait_for_events
+from traffic import judge, load_truth, private_words_reached_client, run_workload
+
+REQUESTS, TENANTS = 1000, 24
+SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.1", "--seed", "11")
+
+
+def exchanges_logged(proxy, results):
+    ids = {r.request.request_id for r in results}
+    return wait_for_events(
+        proxy.log,
+        lambda ev: ids <= {e.get("request_id") for e in ev if e["event"] == "exchange"},
+        timeout=30,
+    )
+
+
+def report(j) -> str:
+    return (
+        f"targets={len(j.targets)} found={len(j.found)} right_source={len(j.right_source)} "
+        f"missed={[(m['request_id'], m['kind'], m['leaked_text'][:80]) for m in j.missed]} "
+        f"clean={j.clean} clean_flagged={j.clean_flagged}"
+    )
+
+
+def test_shadow_logs_every_target_leak_and_changes_nothing(tmp_path, warm_config):
+    with (
+        run_sim(tmp_path, *SIM_ARGS) as sim,
+        run_mitmdump(tmp_path, sim.url, f"crosstalk_config={warm_config}") as proxy,
+    ):
+        results = run_workload(proxy.url, tenants=TENANTS, requests=REQUESTS, seed=21)
+        events = exchanges_logged(proxy, results)
+        for r in results:
+            assert r.error is None, (r.request.request_id, r.error)
+            assert r.body == sim.sent(r.request.request_id), r.request.request_id
+        j = judge(results, load_truth(sim.truth), events, sim.sent)
+    assert len(j.targets) >= 40, report(j)
+    assert len(j.found) / len(j.targets) >= 0.99, report(j)
+    assert len(j.right_source) / len(j.found) >= 0.98, report(j)
+    assert len(j.clean_flagged) / j.clean <= 0.001, report(j)
+    actions = {e["action"] for e in events if e["event"] == "leak.detected"}
+    assert actions == {"logged"}
+    verdicts = {e["request_id"]: e["verdict"] for e in events if e["event"] == "exchange"}
+    assert all(verdicts[f["request_id"]] == "leak" for f in j.found)
+
+
+def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm_config):
+    with (
+        run_sim(tmp_path, *SIM_ARGS) as sim,
+        run_mitmdump(
+            tmp_path, sim.url, f"crosstalk_config={warm_config}", "crosstalk_mode=enforce"
+        ) as proxy,
+    ):
+        results = run_workload(proxy.url, tenants=TENANTS, requests=REQUESTS, seed=21)
+        events = exchanges_logged(proxy, results)
+        truth = load_truth(sim.truth)
+        j = judge(results, truth, events, sim.sent)
+        outcomes = {
+            r.request.request_id: sim_outcome(sim.url, r.request.request_id)
+            for r in results
+            if r.request.stream
+        }
+    by_id = {r.request.request_id: r for r in results}
+    verdicts = {e["request_id"]: e["verdict"] for e in events if e["event"] == "exchange"}
+    blocked = {rid for rid, v in verdicts.items() if v == "blocked"}
+    assert len(j.targets) >= 40, report(j)
+    assert len(j.found) / len(j.targets) >= 0.99, report(j)
+    faults = {t["request_id"]: t for t in truth}
+    for rid in blocked:
+        r = by_id[rid]
+        if rid in faults and faults[rid]["source_tenant"]:
+            reached = private_words_reached_client(faults[rid], r, j.oracle)
+            assert not reached, (rid, faults[rid]["kind"], sorted(reached)[:5])
+        if r.request.stream:
+            assert b'"code":"cross_tenant_leak"' in r.body.rsplit(b"data: ", 1)[-1], rid
+            assert outcomes[rid].startswith("aborted"), (rid, outcomes[rid])
+        else:
+            assert r.status == 451 and b"cross_tenant_leak" in r.body
+    for r in results:
+        rid = r.request.request_id
+        if rid not in blocked:
+            assert r.error is None and r.body == sim.sent(rid), rid
+    assert len(j.clean_flagged) / j.clean <= 0.001, report(j)
+
+
+def sim_outcome(url: str, request_id: str) -> str:
+    try:
+        with urllib.request.urlopen(f"{url}/_sim/outcome/{request_id}", timeout=10) as r:
+            return json.loads(r.read())["outcome"]
+    except OSError:
+        return "unknown"

@@ -1,0 +1,157 @@
+"""Drive the simulator's multi-tenant workload through a proxy with the openai SDK, and
+judge the outcome against the simulator's truth file.
+
+Used by the end-to-end leak tests (shadow and enforce). Every request carries its tenant
+and request id; the raw bytes each client received are kept, so that clean responses can
+be compared byte for byte with what the simulator sent.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import openai
+
+from proxy.engine.entities import extract_entities
+from proxy.protocols.openai import StreamParser, parse_response
+from proxy.sim.oracle import Observed, PrivacyOracle, shingles
+from proxy.sim.workload import SimRequest, Workload
+from proxy.sse import SSEDecoder
+
+TARGET_PAGE_KINDS = ("prompt_page", "output_page", "misroute")
+
+
+@dataclass
+class Result:
+    request: SimRequest
+    body: bytes = b""
+    error: str | None = None  # what the client saw go wrong (None: a normal response)
+    status: int = 200
+
+    @property
+    def text(self) -> str:
+        """Output text of choice 0 as the client received it."""
+        return output_text(self.request.endpoint, self.body, self.request.stream)
+
+
+def output_text(endpoint: str, body: bytes, stream: bool) -> str:
+    route = "chat" if endpoint == "chat" else "completions"
+    if not stream:
+        try:
+            return "".join(d.text for d in parse_response(route, body) if d.choice == 0)
+        except ValueError:
+            return ""
+    parser, decoder = StreamParser(route), SSEDecoder()
+    text = []
+    for event in decoder.feed(body):
+        text += [d.text for d in parser.feed(event) if d.choice == 0]
+    return "".join(text)
+
+
+def send(url: str, req: SimRequest) -> Result:
+    client = openai.OpenAI(
+        base_url=f"{url}/v1", api_key="sk-test", max_retries=0, timeout=60,
+        default_headers={"X-Tenant-ID": req.tenant, "X-Request-ID": req.request_id},
+    )  # fmt: skip
+    body = req.body()
+    body.pop("stream")
+    api = client.chat.completions if req.endpoint == "chat" else client.completions
+    result = Result(req)
+    try:
+        if req.stream:
+            with api.with_streaming_response.create(stream=True, **body) as resp:
+                chunks = []
+                try:
+                    for chunk in resp.iter_bytes():
+                        chunks.append(chunk)
+                except Exception as e:  # noqa: BLE001 -- a cut stream ends abruptly
+                    result.error = f"{type(e).__name__}: {e}"
+                result.body = b"".join(chunks)
+        else:
+            raw = api.with_raw_response.create(**body)
+            result.body = raw.http_response.content
+    except openai.APIStatusError as e:
+        result.status, result.error = e.status_code, f"status {e.status_code}"
+        result.body = e.response.content
+    return result
+
+
+def run_workload(url: str, *, tenants: int, requests: int, seed: int, concurrency: int = 16):
+    reqs = list(Workload(tenants=tenants, seed=seed).requests(requests))
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(lambda r: send(url, r), reqs))
+
+
+@dataclass
+class Judgement:
+    """Injected faults, classified against what the proxy logged."""
+
+    targets: list[dict] = field(default_factory=list)  # leaks that must be found
+    found: list[dict] = field(default_factory=list)
+    right_source: list[dict] = field(default_factory=list)
+    missed: list[dict] = field(default_factory=list)
+    clean_flagged: list[str] = field(default_factory=list)
+    clean: int = 0
+    oracle: PrivacyOracle | None = None
+
+
+def judge(results: list[Result], truth: list[dict], events: list[dict], sent) -> Judgement:
+    """``sent(request_id)`` returns the bytes the simulator sent for that request."""
+    by_id = {r.request.request_id: r for r in results}
+    faults = {t["request_id"]: t for t in truth if t["request_id"] in by_id}
+    oracle = PrivacyOracle(
+        Observed(r.request.tenant, r.request.prompt_text(),
+                 output_text(r.request.endpoint, sent(rid), r.request.stream),
+                 faults.get(rid, {}).get("leaked_text", ""))
+        for rid, r in by_id.items()
+    )  # fmt: skip
+    leaks: dict[str, list[dict]] = {}
+    for e in events:
+        if e["event"] == "leak.detected":
+            leaks.setdefault(e["request_id"], []).append(e)
+    j = Judgement(oracle=oracle)
+    for rid, r in by_id.items():
+        fault = faults.get(rid)
+        if fault is None:
+            j.clean += 1
+            if rid in leaks:
+                j.clean_flagged.append(rid)
+            continue
+        if not is_target(fault, oracle, by_id):
+            continue
+        j.targets.append(fault)
+        if rid in leaks:
+            j.found.append(fault)
+            if leaks[rid][0]["source_tenant"] == fault["source_tenant"]:
+                j.right_source.append(fault)
+        else:
+            j.missed.append(fault)
+    return j
+
+
+def is_target(fault: dict, oracle: PrivacyOracle, by_id: dict[str, Result]) -> bool:
+    """The issue's targets: >= 8 private words of a page or a mis-route, or an entity
+    that only the source tenant used."""
+    if fault["kind"] in TARGET_PAGE_KINDS:
+        return oracle.private_run(fault["source_tenant"], fault["leaked_text"]) >= 8
+    if fault["kind"] == "entities":
+        entities = [e.text.lower() for e in extract_entities(fault["leaked_text"])]
+        others = [
+            (r.request.prompt_text()).lower()
+            for r in by_id.values()
+            if r.request.tenant != fault["source_tenant"]
+        ]
+        return bool(entities) and not any(e in o for e in entities for o in others)
+    return False
+
+
+def private_words_reached_client(fault: dict, result: Result, oracle: PrivacyOracle):
+    """Private shingles of the leaked text that the client received."""
+    leaked = oracle.private_shingles(fault["source_tenant"], fault["leaked_text"])
+    return leaked & set(shingles(result.text))
+
+
+def load_truth(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
