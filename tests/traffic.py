@@ -112,7 +112,7 @@ def judge(results: list[Result], truth: list[dict], events: list[dict], sent) ->
         if e["event"] == "leak.detected":
             leaks.setdefault(e["request_id"], []).append(e)
     j = Judgement(oracle=oracle)
-    for rid, r in by_id.items():
+    for rid in by_id:
         fault = faults.get(rid)
         if fault is None:
             j.clean += 1
