@@ -37,6 +37,8 @@ import orjson  # noqa: E402
 from proxy.config import load_baseline, load_vocabulary  # noqa: E402
 from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
+from proxy.engine.tokens import units_of  # noqa: E402
+from proxy.exchange import words_in  # noqa: E402
 from proxy.sim.faults import FaultInjector  # noqa: E402
 from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
 from proxy.sim.textgen import answer_for  # noqa: E402
@@ -54,6 +56,7 @@ class Exchange:
     fault: object | None
     findings: list = field(default_factory=list)
     index: int = 0
+    scan: object = None
 
 
 def deltas(text: str, rng: random.Random) -> list[str]:
@@ -96,6 +99,7 @@ def run_traffic(
                 req.tenant, req.request_id, prompt, now=clock, model_text=model_text
             )
             ex = Exchange(req.tenant, req.request_id, prompt, answer, fault, index=len(exchanges))
+            ex.scan = scan
             exchanges.append(ex)
             batch.append((ex, scan, deltas(answer, rng)))
         step = 0
@@ -140,6 +144,7 @@ def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
     fp_examples = []
     target = Counter()
     missed: list[Exchange] = []
+    lags: list[float] = []
     for ex in exchanges:
         phase = "warmup" if ex.index < warmup else "steady"
         if ex.fault is None:
@@ -171,13 +176,31 @@ def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
             target["right"] += right
             if not hit:
                 missed.append(ex)
+            elif (start := ex.answer.find(f.leaked_text)) >= 0 and f.source_tenant:
+                # Words of the answer from the leak's first private word to the point
+                # where the detector had enough: what enforce mode's holdback must cover.
+                mask = oracle.private_mask(f.source_tenant, f.leaked_text)
+                units = units_of(f.leaked_text)
+                first = next((u.start for u, (_, p, _) in zip(units, mask, strict=True) if p), 0)
+                begin = start + first
+                lags.append(words_in(ex.answer[begin : max(begin, ex.findings[0].end)]))
     return {
         "rows": rows,
         "clean": clean,
         "target": target,
         "fp_examples": fp_examples,
         "missed": missed,
+        "lags": sorted(lags),
     }
+
+
+LAG_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
+
+
+def quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
 def pct(a: int, b: int) -> str:
@@ -205,6 +228,8 @@ def report(result: dict, engine: Engine, seconds: float, args) -> str:
         f"- false positives on clean responses: {pct(f_clean, n_clean)} ({f_clean}/{n_clean}); "
         f"first {args.warmup} responses (cold start) {pct(c['warmup', 'flagged'], c['warmup', 'n'])}, "
         f"after {pct(c['steady', 'flagged'], c['steady', 'n'])}",
+        "- words from a leak's first private word to its detection (target leaks found): "
+        + ", ".join(f"{name} {quantile(result['lags'], q):g}" for name, q in LAG_QUANTILES),
         f"- {args.requests} responses, {args.tenants} tenants, leak rate {args.leak_rate}, "
         f"{engine.fingerprints} fingerprints held, {seconds:.1f} s",
     ]
@@ -242,8 +267,31 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="override an EngineConfig field, e.g. --engine k=5 (repeatable)",
     )
     p.add_argument("--json", help="write the results as JSON here")
-    p.add_argument("--show-fp", type=int, default=3, help="print N false-positive examples")
+    p.add_argument("--show-fp", type=int, default=3, help="print N false positives and misses")
     return p.parse_args(argv)
+
+
+def explain_miss(ex: Exchange) -> str:
+    """The engine's coverage of the victim's output by the true source request."""
+    scan = ex.scan
+    state = scan._choices.get(0)
+    if state is None:
+        return "no output scanned"
+    parts = []
+    for value, run in state.runs.items():
+        record = scan.engine._requests.get(value >> 1)
+        if record is not None and record.request_id == ex.fault.source_request_id:
+            best = " ".join(
+                ex.answer[state.starts[i] : state.ends[i]]
+                for i in range(run.best_start, run.best_end + 1)
+            )
+            parts.append(
+                f"{'output' if value & 1 else 'prompt'}: best={run.best / 2} covered="
+                f"{run.covered / 2} distinct={len(run.distinct_units)} span="
+                f"{(state.cumulative[run.end + 1] - state.cumulative[run.first]) / 2} "
+                f"best_run={best[:120]!r}"
+            )
+    return "; ".join(parts) or "source never matched"
 
 
 def engine_config(overrides: list[str]) -> EngineConfig:
@@ -298,6 +346,7 @@ def main(argv=None) -> int:
                 f"\nMISSED ({label}) {ex.request_id} <- {f.source_tenant}/{f.source_request_id} "
                 f"{f.kind} {f.leaked_words} words: {f.leaked_text[:300]!r}"
             )
+            print("   why:", explain_miss(ex))
     if args.json:
         Path(args.json).write_bytes(
             orjson.dumps(

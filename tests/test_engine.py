@@ -645,7 +645,8 @@ def test_index_and_sketch_store_no_text():
                 for encoding in ("utf-8", "utf-16-le", "utf-32-le"):
                     assert variant.encode(encoding) not in blob, (type(part), variant)
     for leaf in _leaves(engine.index):
-        assert isinstance(leaf, int | float | np.ndarray), type(leaf)
+        # bytes: the generations' bitmaps of hash buckets
+        assert isinstance(leaf, int | float | np.ndarray | bytes), type(leaf)
         if isinstance(leaf, np.ndarray):
             assert leaf.dtype.kind in "ui", leaf.dtype
     for leaf in _leaves(engine.sketch):
@@ -797,13 +798,17 @@ def test_fingerprint_index_evicts_by_time():
 
 def test_commonness_sketch_counts_and_decays():
     sketch = CommonnessSketch(width_bits=10, half_life=100.0)
-    fps = np.array([1, 2, 3], dtype=np.uint64)
+    fps = [1, 2, 3]
+    many = list(range(100, 120))  # the batched (numpy) path must agree
     for t in range(4):
         sketch.increment(fps[:2], now=T0 + t)
-    assert sketch.counts(fps).tolist()[:2] == [4, 4]
+        sketch.increment(many, now=T0 + t)
+    assert sketch.counts(fps)[:2] == [4, 4]
     assert sketch.counts(fps)[2] <= 4  # count-min over-estimates only
-    sketch.increment(np.zeros(0, dtype=np.uint64), now=T0 + 250)  # two half-lives
-    assert sketch.counts(fps[:2]).tolist() == [1, 1]
+    assert sketch.counts(many) == [sketch.counts([fp])[0] for fp in many]
+    assert min(sketch.counts(many)) >= 4
+    sketch.increment([], now=T0 + 250)  # two half-lives
+    assert sketch.counts(fps[:2]) == [1, 1]
 
 
 # -- entities.extract_entities -------------------------------------------------------
@@ -865,3 +870,25 @@ def test_extract_entities_in_order_and_non_overlapping():
     for e in found:
         assert text[e.start : e.end] == e.text
     assert all(a.end <= b.start for a, b in zip(found, found[1:], strict=False))
+
+
+def test_index_lookup_paths_agree():
+    """One delta's few fingerprints take the bitmap path, a prompt's many the numpy
+    path: both must return the same values, across hot and frozen generations."""
+    import random
+
+    from proxy.engine.index import FingerprintIndex
+
+    rng = random.Random(5)
+    index = FingerprintIndex(freeze_size=500, max_generations=3)
+    stored = [rng.getrandbits(64) for _ in range(3000)]
+    for i, fp in enumerate(stored):
+        index.add(fp, i % 997, float(i))
+        if i % 7 == 0:
+            index.add(fp, (i + 1) % 997, float(i))  # several values for some keys
+    assert len(index._generations) >= 2 and index._hot
+    queries = stored[::13] + [rng.getrandbits(64) for _ in range(200)]
+    batched = index.lookup(queries)
+    singles = [index.lookup([fp])[0] for fp in queries]
+    assert [sorted(v) for v in batched] == [sorted(v) for v in singles]
+    assert all(batched[i] for i in range(len(stored[::13])))

@@ -32,7 +32,7 @@ import numpy as np
 from .entities import EntityIndex, EntityScanner, fold, iter_entity_keys
 from .fingerprint import Hasher, StreamShingler, StreamWinnower, winnow
 from .index import CommonnessSketch, FingerprintIndex
-from .tokens import StreamTokenizer, Unit, units_of
+from .tokens import StreamTokenizer, Unit, unit_texts
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
 
@@ -50,7 +50,10 @@ class EngineConfig:
     # numbers and rare words.
     plain_run_factor: float = 2.0
     plain_output_factor: float = 0.0  # the same for a model's output; 0: never
-    plain_share: float = 0.25  # a word is plain once this share of tenants used it
+    plain_share: float = 0.5  # a word is plain once this share of tenants used it
+    # Scattered coverage this many times min_run_words needs no distinctive word (a
+    # mis-routed answer made of plain words); 0: always needs two.
+    plain_cover_factor: float = 4.0
     containment: float = 0.5  # share of its span that scattered coverage must fill
     common_tenants: int = 3  # text used by this many tenants is shared, not private
     same_prompt_similarity: float = 0.9  # prompts this similar excuse identical outputs
@@ -134,12 +137,12 @@ class Engine:
     def add_plain_words(self, words: Iterable[str]) -> None:
         """Words (or characters) of a language that are never distinctive on their own:
         the cold-start prior of the learned vocabulary (``config/vocabulary/``)."""
-        self.vocabulary.add_plain(self.hasher.unit(u.text) for w in words for u in units_of(w))
+        self.vocabulary.add_plain(self.hasher.unit(u) for w in words for u in unit_texts(w))
 
     def add_baseline(self, text: str) -> None:
         """Text that is shared by design (system prompts, templates, public documents,
         boilerplate): never counted as anyone's private text."""
-        units = [u.text for u in units_of(text)]
+        units = unit_texts(text)
         self.baseline.update(self.hasher.kgrams(units))
         self.vocabulary.add_plain(map(self.hasher.unit, units))
         self._baseline_entities.update(key for _, key in iter_entity_keys(text))
@@ -167,17 +170,19 @@ class Engine:
         """
         now = time.time() if now is None else now
         self._sweep(now)
-        units = [u.text for u in units_of(text)]
+        units = unit_texts(text)
         self.vocabulary.learn(tenant, map(self.hasher.unit, units))
         fps = self.hasher.kgrams(units)
-        private = self._learn(tenant, fps, now)
-        model_fps = set(self.hasher.kgrams([u.text for u in units_of(model_text)]))
+        is_private, _ = self._learn(tenant, fps, now)
+        private = [fp for fp, keep in zip(fps, is_private, strict=True) if keep]
+        model_fps = set(self.hasher.kgrams(unit_texts(model_text)))
         signature = np.unique(np.fromiter(private, dtype=np.uint64, count=len(private)))
         slot = self._new_slot(
             tenant,
             request_id,
             now,
-            signature=signature[: self.config.prompt_signature_size],
+            # a copy: a slice would keep the whole array alive
+            signature=signature[: self.config.prompt_signature_size].copy(),
             digest=self.hasher.digest(" ".join(units).encode()).encode(),
         )
         value = slot << 1
@@ -189,26 +194,32 @@ class Engine:
 
     # -- internals shared with ResponseScan -----------------------------------------
 
-    def _learn(self, tenant: str, fps: list[int], now: float) -> list[int]:
-        """Counts ``tenant``'s use of each fingerprint in the commonness sketch and
-        returns those that are still private (not baseline, not common)."""
+    def _learn(
+        self, tenant: str, fps: list[int], now: float
+    ) -> tuple[list[bool], list[tuple[int, ...]]]:
+        """Counts ``tenant``'s use of each fingerprint in the commonness sketch.
+
+        Returns, per fingerprint, whether it is still private (not baseline, not
+        common) and its current owners in the index (one lookup serves both).
+        """
         if not fps:
-            return []
-        array = np.fromiter(fps, dtype=np.uint64, count=len(fps))
-        common = self.sketch.counts(array) >= self.config.common_tenants
+            return [], []
+        counts = self.sketch.counts(fps)
+        threshold = self.config.common_tenants
         owners = self.index.lookup(fps)
         first_use = [
-            i
-            for i, values in enumerate(owners)
-            if not common[i] and all(self._tenant_of(v) != tenant for v in values)
+            fp
+            for fp, count, values in zip(fps, counts, owners, strict=True)
+            if count < threshold and all(self._tenant_of(v) != tenant for v in values)
         ]
         if first_use:
-            self.sketch.increment(np.unique(array[first_use]), now)
-        return [
-            fp
-            for i, fp in enumerate(fps)
-            if not common[i] and fp not in self.baseline and len(owners[i]) < 64
+            self.sketch.increment(list(set(first_use)), now)
+        baseline = self.baseline
+        private = [
+            count < threshold and fp not in baseline and len(values) < 64
+            for fp, count, values in zip(fps, counts, owners, strict=True)
         ]
+        return private, owners
 
     def _tenant_of(self, value: int) -> str | None:
         record = self._requests.get(value >> 1)
@@ -231,9 +242,11 @@ class Engine:
         self._order.append(slot)
         return slot
 
-    def _add_entities(self, text: str, tenant: str, value: int, now: float) -> None:
+    def _add_entities(
+        self, text: str, tenant: str, value: int, now: float, skip: set[str] = frozenset()
+    ) -> None:
         for kind, key in iter_entity_keys(text):
-            if key not in self._baseline_entities:
+            if key not in self._baseline_entities and key not in skip:
                 self.entities.add(key, kind, tenant, value, now)
 
     def _sweep(self, now: float) -> None:
@@ -318,6 +331,7 @@ class ResponseScan:
         self._choices: dict[int, _ChoiceState] = {}
         self._now = now
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
+        self._foreign_entities: set[str] = set()  # keys found here that are not ours
         self.finished = False
 
     def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list[Finding]:
@@ -349,7 +363,11 @@ class ResponseScan:
                 found += self._entity_findings(state, choice, state.entities.finish())
                 output_value = (self.slot << 1) | 1
                 self.engine._add_entities(
-                    state.entities.raw_text, self.tenant, output_value, self._now
+                    state.entities.raw_text,
+                    self.tenant,
+                    output_value,
+                    self._now,
+                    skip=self._foreign_entities,
                 )
         return found
 
@@ -376,15 +394,20 @@ class ResponseScan:
             self._index_output(selected)
             return []
         fps = [fp for _, fp in new]
-        private = set(engine._learn(self.tenant, fps, self._now))
-        owners = engine.index.lookup(fps)
+        is_private, owners = engine._learn(self.tenant, fps, self._now)
+        private = {fp for fp, keep in zip(fps, is_private, strict=True) if keep}
         touched: set[int] = set()
-        for (index, fp), values in zip(new, owners, strict=True):
-            if not values or fp not in private:
+        for (index, fp), values, keep in zip(new, owners, is_private, strict=True):
+            if not values or not keep:
                 continue
-            for value in self._foreign_values(values):
+            foreign = self._foreign_values(values)
+            for value in foreign:
                 state.cover(value, index, engine.config.k, fp)
                 touched.add(value)
+            if foreign:
+                # Another tenant's text in this output is not this tenant's text: it must
+                # not make a later leak of it to the same tenant look like its own.
+                private.discard(fp)
         self._index_output(selected, private)
         return self._fragment_findings(state, choice, touched)
 
@@ -463,10 +486,10 @@ class ResponseScan:
         if run.best >= threshold and state.distinctive(run.best_start, run.best_end + 1):
             return True
         span = state.cumulative[run.end + 1] - state.cumulative[run.first]
-        return (
-            run.covered >= 2 * threshold
-            and run.covered >= config.containment * span
-            and len(run.distinct_units) >= 2
+        if run.covered < 2 * threshold or run.covered < config.containment * span:
+            return False
+        return len(run.distinct_units) >= 2 or (
+            config.plain_cover_factor > 0 and run.covered >= threshold * config.plain_cover_factor
         )
 
     # -- entities and canaries -------------------------------------------------------
@@ -479,6 +502,7 @@ class ResponseScan:
             owner = self.engine.entities.table.get(key)
             if owner is None or self.tenant in owner.tenants:
                 continue
+            self._foreign_entities.add(key)
             is_canary = owner.kind == CANARY
             if not is_canary and len(owner.tenants) >= self.engine.config.common_tenants:
                 continue

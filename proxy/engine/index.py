@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 _EMPTY: tuple[int, ...] = ()
+_MASK64 = (1 << 64) - 1
+_SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call overhead
 
 
 @dataclass(slots=True)
@@ -26,6 +28,28 @@ class _Generation:
     keys: np.ndarray  # uint64, sorted
     values: np.ndarray  # uint32, aligned with keys
     newest: float  # time of the newest fingerprint in it
+    bitmap: bytes = b""  # one bit per top-bits bucket: "maybe here" (about 2 bits a key)
+    shift: int = 64
+
+    def __post_init__(self) -> None:
+        bits = max(16, (len(self.keys) * 16 - 1).bit_length())  # ~16 buckets a key
+        self.shift = 64 - bits
+        buckets = (self.keys >> np.uint64(self.shift)).astype(np.int64)
+        bitmap = np.zeros((1 << bits) // 8, dtype=np.uint8)
+        np.bitwise_or.at(bitmap, buckets >> 3, (1 << (buckets & 7)).astype(np.uint8))
+        self.bitmap = bitmap.tobytes()
+
+    def may_hold(self, fp: int) -> bool:
+        bucket = fp >> self.shift
+        return bool(self.bitmap[bucket >> 3] >> (bucket & 7) & 1)
+
+    def values_of(self, fp: int) -> tuple[int, ...]:
+        keys = self.keys
+        lo = int(keys.searchsorted(fp))
+        if lo == len(keys) or int(keys[lo]) != fp:
+            return _EMPTY
+        hi = int(keys.searchsorted(fp, side="right"))
+        return tuple(self.values[lo:hi].tolist())
 
 
 class FingerprintIndex:
@@ -60,7 +84,7 @@ class FingerprintIndex:
     @property
     def nbytes(self) -> int:
         """Approximate memory held: numpy buffers plus ~100 bytes per hot entry."""
-        frozen = sum(g.keys.nbytes + g.values.nbytes for g in self._generations)
+        frozen = sum(g.keys.nbytes + g.values.nbytes + len(g.bitmap) for g in self._generations)
         return frozen + 100 * self._hot_count
 
     def add(self, fingerprint: int, value: int, now: float) -> None:
@@ -92,6 +116,14 @@ class FingerprintIndex:
             v = hot.get(fp)
             result.append(_EMPTY if v is None else (v,) if isinstance(v, int) else tuple(v))
         if not self._generations or not fingerprints:
+            return result
+        if len(fingerprints) <= _SCALAR_BATCH:
+            # A few fingerprints (one SSE delta): the bitmaps answer most of them
+            # without a numpy call.
+            for i, fp in enumerate(fingerprints):
+                for gen in self._generations:
+                    if gen.may_hold(fp) and (found := gen.values_of(fp)):
+                        result[i] = result[i] + found
             return result
         query = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
         for gen in self._generations:
@@ -171,7 +203,12 @@ class CommonnessSketch:
         if not 1 <= depth <= len(self._SEEDS):
             raise ValueError(f"depth must be 1..{len(self._SEEDS)}")
         self._mask = np.uint64((1 << width_bits) - 1)
+        self._mask_int = (1 << width_bits) - 1
+        self._width = 1 << width_bits
         self._counts = np.zeros((depth, 1 << width_bits), dtype=np.uint16)
+        # Python-level view of the same memory: scalar reads without numpy overhead.
+        self._flat = memoryview(self._counts).cast("B").cast("H")
+        self._seed_ints = [int(s) for s in self._SEEDS[:depth]]
         self._rows = np.arange(depth)[:, None]
         self._seeds = self._SEEDS[:depth, None]
         self.half_life = half_life
@@ -181,6 +218,14 @@ class CommonnessSketch:
     def nbytes(self) -> int:
         return self._counts.nbytes
 
+    def __getstate__(self) -> dict:
+        state = {name: getattr(self, name) for name in self.__dict__ if name != "_flat"}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._flat = memoryview(self._counts).cast("B").cast("H")
+
     @property
     def counts_array(self) -> np.ndarray:
         return self._counts
@@ -189,30 +234,52 @@ class CommonnessSketch:
         """Take the larger of each counter (a sketch saved by the same configuration)."""
         if counts.shape != self._counts.shape:
             raise ValueError(f"sketch shape {counts.shape} != {self._counts.shape}")
-        np.maximum(self._counts, counts, out=self._counts)
+        np.maximum(self._counts, counts, out=self._counts)  # in place: _flat stays valid
 
     def _slots(self, fingerprints: np.ndarray) -> np.ndarray:
         with np.errstate(over="ignore"):
             mixed = (fingerprints[None, :] ^ self._seeds) * np.uint64(0xFF51AFD7ED558CCD)
         return ((mixed >> np.uint64(29)) & self._mask).astype(np.intp)
 
-    def counts(self, fingerprints: np.ndarray) -> np.ndarray:
-        if not len(fingerprints):
-            return np.zeros(0, dtype=np.uint16)
-        return self._counts[self._rows, self._slots(fingerprints)].min(axis=0)
+    def counts(self, fingerprints: Sequence[int]) -> list[int]:
+        """Estimated distinct-tenant count of each fingerprint."""
+        if len(fingerprints) <= _SCALAR_BATCH:
+            flat, width = self._flat, self._width
+            return [
+                min(flat[row * width + slot] for row, slot in enumerate(self._slots_of(int(fp))))
+                for fp in fingerprints
+            ]
+        array = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
+        return self._counts[self._rows, self._slots(array)].min(axis=0).tolist()
 
-    def increment(self, fingerprints: np.ndarray, now: float) -> None:
+    def increment(self, fingerprints: Sequence[int], now: float) -> None:
         self._decay(now)
-        if not len(fingerprints):
+        if len(fingerprints) == 0:
             return
-        slots = self._slots(fingerprints)
+        if len(fingerprints) <= _SCALAR_BATCH:
+            flat, width = self._flat, self._width
+            for fp in fingerprints:
+                for row, slot in enumerate(self._slots_of(int(fp))):
+                    i = row * width + slot
+                    if flat[i] < 65535:
+                        flat[i] += 1
+            return
+        array = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
+        slots = self._slots(array)
         current = self._counts[self._rows, slots]
         self._counts[self._rows, slots] = np.minimum(current.astype(np.uint32) + 1, 65535)
+
+    def _slots_of(self, fp: int) -> list[int]:
+        """The same slots as ``_slots``, computed with Python ints (no numpy call)."""
+        return [
+            ((((fp ^ seed) * 0xFF51AFD7ED558CCD) & _MASK64) >> 29) & self._mask_int
+            for seed in self._seed_ints
+        ]
 
     def _decay(self, now: float) -> None:
         if self._last_decay is None:
             self._last_decay = now
         elif now - self._last_decay >= self.half_life:
             halvings = int((now - self._last_decay) // self.half_life)
-            self._counts >>= min(halvings, 16)
+            self._counts >>= min(halvings, 16)  # in place: _flat stays valid
             self._last_decay += halvings * self.half_life

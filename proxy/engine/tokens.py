@@ -59,6 +59,11 @@ def units_of(text: str, offset: int = 0) -> list[Unit]:
     return [_unit(m, offset) for m in _UNIT_RE.finditer(text)]
 
 
+def unit_texts(text: str) -> list[str]:
+    """The normalised units of ``text`` without offsets: the fast path for prompts."""
+    return [normalise(m.group(0)) for m in _UNIT_RE.finditer(text)]
+
+
 def _unit(match: re.Match[str], offset: int) -> Unit:
     weight = CHAR_WEIGHT if match.group(1) else WORD_WEIGHT
     return Unit(normalise(match.group(0)), offset + match.start(), offset + match.end(), weight)

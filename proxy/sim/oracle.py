@@ -47,6 +47,8 @@ class PrivacyOracle:
         private = [False] * len(units)
         for i in range(len(units) - ORACLE_K + 1):
             gram = tuple(u.text for u in units[i : i + ORACLE_K])
+            if len(set(gram)) < 3:
+                continue  # "I I I I": a loop says nothing about whose text it is
             if self.users.get(gram, set()) <= {source}:
                 for j in range(i, i + ORACLE_K):
                     private[j] = True
@@ -63,4 +65,6 @@ class PrivacyOracle:
     def private_shingles(self, source: str, leaked: str) -> set[tuple[str, ...]]:
         """Shingles of ``leaked`` that only ``source`` used: none may reach a client
         once the leak is blocked."""
-        return {g for g in shingles(leaked) if self.users.get(g, set()) <= {source}}
+        return {
+            g for g in shingles(leaked) if len(set(g)) >= 3 and self.users.get(g, set()) <= {source}
+        }

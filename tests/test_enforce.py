@@ -1,0 +1,164 @@
+"""Enforce mode without a network: the holdback gate, the SSE framer and the exchange
+monitor driving a real engine over OpenAI-format streams cut at every chunk size."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.config import ConfigError, load
+from proxy.engine import Engine, EngineConfig
+from proxy.exchange import Enforcement, ExchangeMonitor
+from proxy.gate import StreamGate
+from proxy.sse import SSEFramer
+
+PRIVATE = (
+    "Invoice 77120 for Bellwether Marine covers hull repairs at Dock 14 in Gdansk and the "
+    "replacement of two Volvo Penta engines billed to Kasia Wrobel"
+)
+
+
+def chunk_event(text: str) -> bytes:
+    body = {
+        "id": "x",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+def sse_stream(words: list[str]) -> bytes:
+    return b"".join(chunk_event(w + " ") for w in words) + b"data: [DONE]\n\n"
+
+
+def monitor(engine: Engine, tenant: str, rid: str, prompt: str, **enforcement) -> ExchangeMonitor:
+    blocked: list[str] = []
+    m = ExchangeMonitor(
+        route="chat", tenant=tenant, request_id=rid,
+        scan=engine.observe_prompt(tenant, rid, prompt, now=1000.0),
+        on_findings=lambda *_: None,
+        enforcement=Enforcement(**enforcement),
+        on_block=lambda mon: blocked.append(mon.request_id),
+    )  # fmt: skip
+    m.start_stream(None)
+    m.blocked_calls = blocked
+    return m
+
+
+def feed(m: ExchangeMonitor, data: bytes, size: int) -> bytes:
+    out = []
+    for i in range(0, len(data), size):
+        out += m.on_chunk(data[i : i + size])
+    out += m.on_chunk(b"")
+    assert all(isinstance(b, bytes) and b for b in out)  # b"" would end the body early
+    return b"".join(out)
+
+
+@pytest.fixture
+def engine() -> Engine:
+    e = Engine(EngineConfig(key=b"k" * 32))
+    e.observe_prompt("A", "a-1", PRIVATE, now=999.0).finish()
+    return e
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 100_000])
+def test_clean_stream_passes_byte_for_byte(engine, size):
+    data = sse_stream(
+        ["the", "weather", "in", "Lisbon", "is", "mild", "and", "sunny", "all", "week", "long"] * 4
+    )
+    m = monitor(engine, "B", f"b-{size}", "weather in Lisbon?")
+    assert feed(m, data, size) == data
+    assert m.verdict == "clean" and not m.blocked_calls
+
+
+@pytest.mark.parametrize("size", [1, 13, 100_000])
+def test_leak_is_cut_before_any_leaked_word_is_released(engine, size):
+    lead = [
+        "Here",
+        "is",
+        "the",
+        "summary",
+        "you",
+        "asked",
+        "for",
+        "about",
+        "the",
+        "weather",
+        "today",
+    ]
+    data = sse_stream(lead + PRIVATE.split() + ["and", "more", "text", "follows", "here"])
+    m = monitor(engine, "B", f"b-{size}", "weather?", holdback_words=16)
+    out = feed(m, data, size)
+    assert m.verdict == "blocked" and m.blocked_by.source_tenant == "A"
+    assert m.blocked_calls == [f"b-{size}"]
+    assert b"Bellwether" not in out and b"77120" not in out and b"[DONE]" not in out
+    last = out.rsplit(b"data: ", 1)[-1]
+    assert orjson.loads(last)["error"]["code"] == "cross_tenant_leak"
+    assert out.count(b'"error"') == 1
+
+
+def test_holdback_zero_releases_leaked_words(engine):
+    """Why the holdback exists: without it the first leaked words reach the client."""
+    data = sse_stream(["Summary:"] + PRIVATE.split())
+    out = feed(monitor(engine, "B", "b-0", "weather?", holdback_words=0), data, 1)
+    assert b"Invoice" in out and b'"cross_tenant_leak"' in out
+
+
+def test_detector_failure_fails_open_or_closed(engine):
+    data = sse_stream(
+        ["a", "perfectly", "clean", "answer", "about", "the", "weather", "in", "Porto"]
+    )
+    m = monitor(engine, "B", "b-open", "weather?")
+    m.scan.feed = lambda *a, **k: 1 / 0
+    assert feed(m, data, 11) == data
+    assert m.detector_error.startswith("ZeroDivisionError") and m.verdict == "clean"
+
+    m = monitor(engine, "B", "b-closed", "weather?", fail_closed=True)
+    m.scan.feed = lambda *a, **k: 1 / 0
+    out = feed(m, data, 11)
+    assert b'"detector_failed"' in out and m.verdict == "blocked" and m.blocked_calls
+
+
+def test_gate_holds_at_most_n_words_in_order():
+    gate = StreamGate(3)
+    released = []
+    for i, words in enumerate([0, 1, 1, 2, 0, 1, 1]):
+        gate.push(b"%d" % i, words)
+        released += gate.release()
+        assert gate.held_words <= 3
+    assert released == [b"0", b"1", b"2", b"3", b"4"] and gate.held_words == 2
+    assert released + gate.flush() == [b"%d" % i for i in range(7)]
+    big = StreamGate(3)
+    big.push(b"checked", 5)  # an event is scanned before it is pushed: never stuck
+    assert big.release() == [b"checked"]
+    gate.push(b"x", 1)
+    gate.cut()
+    assert gate.release() == [] and gate.flush() == [] and gate.cut_done
+
+
+def test_framer_keeps_bytes_and_event_boundaries():
+    data = b"data: a\r\n\r\n: ping\n\ndata: b\rdata: c\r\r" + b"data: d\n\n"
+    for size in range(1, len(data) + 1):
+        f, events = SSEFramer(), []
+        for i in range(0, len(data), size):
+            events += f.feed(data[i : i + size])
+        assert b"".join(events) + f.close() == data
+        assert events == [b"data: a\r\n\r\n", b": ping\n\n", b"data: b\rdata: c\r\r",
+                          b"data: d\n\n"]  # fmt: skip
+
+
+def test_policy_by_tenant_and_route():
+    cfg = load(
+        None,
+        proxy__mode="shadow",
+        policy__routes={"/v1/completions": {"mode": "enforce", "min_foreign_words": 12}},
+        policy__tenants={"bank": {"mode": "enforce", "holdback_words": 24}},
+    )
+    assert cfg.policy_for("bank", "/v1/chat/completions").mode == "enforce"
+    assert cfg.policy_for("bank", "/v1/chat/completions").holdback_words == 24
+    assert cfg.policy_for("shop", "/v1/chat/completions").mode == "shadow"
+    routed = cfg.policy_for("shop", "/v1/completions?x=1")
+    assert routed.mode == "enforce" and routed.min_foreign_words == 12
+    with pytest.raises(ConfigError, match="policy.tenants"):
+        load(None, policy__tenants={"x": {"mode": "block"}})
