@@ -533,15 +533,19 @@ PLAIN_VOCAB = (
 PLAIN_PRIVATE_ORDER = " ".join(reversed(PLAIN_VOCAB.split()))
 
 
-@pytest.mark.parametrize("n_words", [9, 12, 15, 16, 17])
-def test_run_of_plain_words_from_a_prompt_must_be_twice_as_long(n_words):
+@pytest.mark.parametrize(
+    ("factor", "n_words", "leak"),
+    [(1.0, 7, False), (1.0, 8, True), (2.0, 15, False), (2.0, 16, True)],
+)
+def test_run_of_plain_words_from_a_prompt(factor, n_words, leak):
     """Words that several tenants use (here: the baseline's vocabulary, in another
-    order) are formulaic: a run of a prompt made only of them needs 2 * min_run_words."""
-    engine = make_engine(baseline=[PLAIN_VOCAB])
+    order) are plain. A user's plain words are still private: by default a run of them
+    from a prompt is a leak at min_run_words; plain_run_factor asks for longer runs."""
+    engine = make_engine(baseline=[PLAIN_VOCAB], plain_run_factor=factor)
     leak_from_a(engine, prompt_a=PLAIN_PRIVATE_ORDER)
-    leak = " ".join(PLAIN_PRIVATE_ORDER.split()[:n_words])
-    found = exchange(engine, "B", "b-1", PROMPT_B, f"Zebras. {leak}. Penguins.", T0 + 1)
-    assert kinds(found) == ([FRAGMENT] if n_words >= 16 else [])
+    text = " ".join(PLAIN_PRIVATE_ORDER.split()[:n_words])
+    found = exchange(engine, "B", "b-1", PROMPT_B, f"Zebras. {text}. Penguins.", T0 + 1)
+    assert kinds(found) == ([FRAGMENT] if leak else [])
 
 
 def test_run_of_plain_words_from_an_output_is_boilerplate():

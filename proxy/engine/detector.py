@@ -45,11 +45,13 @@ class EngineConfig:
     k: int = 4  # units per shingle
     winnow_window: int = 1  # 1 keeps every k-gram (see README for the trade)
     min_run_words: float = 8.0  # contiguous foreign run that makes a fragment finding
-    # A run made only of words that several tenants use (formulaic text) must be this
-    # many times longer: boilerplate coincides in short runs, private text has names,
-    # numbers and rare words.
-    plain_run_factor: float = 2.0
-    plain_output_factor: float = 0.0  # the same for a model's output; 0: never
+    # A run made only of plain words (which most tenants use) must be this many times
+    # longer. From a prompt: 1, a user's own words are private even when plain (no
+    # measured false-positive cost, bench/quality.py). From a model's output: 0, never:
+    # a model's plain-word run is its boilerplate; private output carries names,
+    # numbers or rare words.
+    plain_run_factor: float = 1.0
+    plain_output_factor: float = 0.0
     plain_share: float = 0.5  # a word is plain once this share of tenants used it
     # Scattered coverage this many times min_run_words needs no distinctive word (a
     # mis-routed answer made of plain words); 0: always needs two.
@@ -472,12 +474,12 @@ class ResponseScan:
     def _enough(self, state: _ChoiceState, run: _Run, threshold: int, of_output: bool) -> bool:
         """Whether a foreign prompt's or output's coverage of this choice is evidence.
 
-        A contiguous run of ``min_run_words`` with a distinctive word; for a prompt, a
-        run twice as long without one (a user's own words can be all plain; a model's
-        plain words are its boilerplate); or, for pages cut into short pieces by common
-        text and for whole mis-routed answers, coverage of ``2 * min_run_words`` that
-        fills at least ``containment`` of the span it is scattered over, with two
-        distinctive words.
+        A contiguous run of ``min_run_words`` with a distinctive word; without one,
+        ``plain_run_factor`` (prompt) or ``plain_output_factor`` (output, 0: never) times
+        as long; or, for pages cut into short pieces by common text and for whole
+        mis-routed answers, coverage of ``2 * min_run_words`` that fills at least
+        ``containment`` of the span it is scattered over, with two distinctive words (or
+        ``plain_cover_factor * min_run_words`` of coverage without them).
         """
         config = self.engine.config
         factor = config.plain_output_factor if of_output else config.plain_run_factor
