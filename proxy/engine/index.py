@@ -45,10 +45,11 @@ class _Generation:
 
     def values_of(self, fp: int) -> tuple[int, ...]:
         keys = self.keys
-        lo = int(keys.searchsorted(fp))
+        key = np.uint64(fp)  # a bare Python int above 2**63 would convert the whole array
+        lo = int(keys.searchsorted(key))
         if lo == len(keys) or int(keys[lo]) != fp:
             return _EMPTY
-        hi = int(keys.searchsorted(fp, side="right"))
+        hi = int(keys.searchsorted(key, side="right"))
         return tuple(self.values[lo:hi].tolist())
 
 
