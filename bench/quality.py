@@ -183,7 +183,7 @@ def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
                 units = units_of(f.leaked_text)
                 first = next((u.start for u, (_, p, _) in zip(units, mask, strict=True) if p), 0)
                 begin = start + first
-                lags.append(words_in(ex.answer[begin : max(begin, ex.findings[0].end)]))
+                lags.append(words_in(ex.answer[begin : max(begin, ex.findings[0].detected_at)]))
     return {
         "rows": rows,
         "clean": clean,

@@ -177,18 +177,28 @@ class CrossTalk:
         )
         flow.metadata[METADATA_KEY] = monitor
         if parsed is not None:
-            try:
-                monitor.scan = self.engine.observe_prompt(
-                    tenant, request_id, parsed.prompt, model_text=parsed.model_text
-                )
-            except Exception as e:  # noqa: BLE001 -- fail open
-                monitor.detector_error = f"{type(e).__name__}: {e}"
+
+            def observe() -> None:
+                try:
+                    monitor.scan = self.engine.observe_prompt(
+                        tenant, request_id, parsed.prompt, model_text=parsed.model_text
+                    )
+                except Exception as e:  # noqa: BLE001 -- fail open
+                    monitor.detector_error = f"{type(e).__name__}: {e}"
+
+            # Observed on the next turn of the event loop, right after the request is
+            # handed upstream: its ~1 ms is no longer added to this request's time to
+            # first token, and it still runs before any response byte that arrives
+            # later (the engine cannot leak a prompt it has not received yet).
+            monitor.pending_observe = observe
+            asyncio.get_running_loop().call_soon(monitor.observe_now)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         response = flow.response
         is_sse = "text/event-stream" in response.headers.get("content-type", "")
         if monitor is not None:
+            monitor.observe_now()
             response.headers["x-request-id"] = monitor.request_id
         if not is_sse:
             return  # buffered: scanned whole in ``response``
@@ -205,6 +215,7 @@ class CrossTalk:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
+        monitor.observe_now()
         if not monitor.stream:
             if self.config.proxy.log_evidence_text:
                 monitor.keep_text = True
@@ -224,6 +235,7 @@ class CrossTalk:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
+        monitor.observe_now()
         monitor.close()
         status = flow.response.status_code if flow.response else 502
         self._log_exchange(flow, monitor, status, error=flow.error.msg if flow.error else None)
@@ -278,6 +290,7 @@ class CrossTalk:
                 score=finding.score,
                 foreign_units=finding.foreign_units,
                 output_offset=[finding.start, finding.end],
+                detected_at=finding.detected_at,
                 choice=finding.choice,
                 evidence=finding.evidence,
                 **extra,

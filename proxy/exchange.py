@@ -88,9 +88,16 @@ class ExchangeMonitor:
     _framer: SSEFramer | None = None
     _gate: StreamGate | None = None
     keep_text: bool = False  # keep the output text (log_evidence_text)
+    pending_observe: Callable[[], None] | None = None  # records the prompt (sets scan)
     _texts: dict[int, list[str]] = field(default_factory=dict)
     _unscanned: deque[bytes] = field(default_factory=deque)
     _cut_sent: bool = False
+
+    def observe_now(self) -> None:
+        """Record the prompt if that has not happened yet (idempotent)."""
+        observe, self.pending_observe = self.pending_observe, None
+        if observe is not None:
+            observe()
 
     # -- streamed responses ----------------------------------------------------------
 

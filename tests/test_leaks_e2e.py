@@ -91,8 +91,9 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm
             fault = faults[rid]
             lag = detection_lag(fault, answers[rid], detections[rid], j.oracle)
             reached = private_words_reached_client(fault, r, j.oracle)
-            if lag <= HOLDBACK_WORDS:
-                # Found within the holdback: not one private word may have been released.
+            if lag <= HOLDBACK_WORDS - 1:
+                # Found within the holdback (less the word still streaming when the
+                # detector completes the previous one): no private word was released.
                 assert not reached, (rid, fault["kind"], lag, sorted(reached)[:5])
             else:
                 late.append((rid, lag, len(reached)))
@@ -126,15 +127,15 @@ def sent_text(sim, result) -> str:
 
 
 def detection_lag(fault: dict, answer: str, detection: dict, oracle) -> float:
-    """Words from the leak's first private word to the end of the evidence when the
-    detector reported it (the run's end: output_offset[1])."""
+    """Words from the leak's first private word to where the detector was when it
+    reported it (``detected_at``)."""
     start = answer.find(fault["leaked_text"])
     if start < 0:
         return 0.0
     mask = oracle.private_mask(fault["source_tenant"], fault["leaked_text"])
     units = units_of(fault["leaked_text"])
     first = next((u.start for u, (_, p, _) in zip(units, mask, strict=True) if p), 0)
-    return words_in(answer[start + first : max(start + first, detection["output_offset"][1])])
+    return words_in(answer[start + first : max(start + first, detection["detected_at"])])
 
 
 def sim_outcome(url: str, request_id: str) -> str:

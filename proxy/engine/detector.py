@@ -80,6 +80,7 @@ class Finding:
     end: int
     choice: int = 0
     evidence: str = ""  # keyed hash of the matched fingerprints or entity
+    detected_at: int = 0  # characters of that choice's output scanned when it was made
 
 
 @dataclass(slots=True)
@@ -466,6 +467,7 @@ class ResponseScan:
                     state.ends[run.best_end],
                     choice,
                     evidence,
+                    state.ends[-1],
                 )
             )
         self.findings += found
@@ -533,6 +535,7 @@ class ResponseScan:
                     end,
                     choice,
                     self.engine.hasher.digest(key.encode()),
+                    end,
                 )
             )
         self.findings += found
