@@ -161,6 +161,7 @@ class CrossTalk:
                 min_foreign_words=policy.min_foreign_words,
                 fail_closed=policy.fail_closed,
                 budget_ms=policy.budget_ms,
+                learning=self.engine.observed_requests < policy.learn_requests,
             )
             # The gate cuts the stream into whole events: it needs plaintext bytes.
             flow.request.headers["accept-encoding"] = "identity"
@@ -276,7 +277,9 @@ class CrossTalk:
     def _on_findings(self, monitor: ExchangeMonitor, findings: list[Finding]) -> None:
         for finding in findings:
             self.counters["findings"] += 1
-            extra = {}
+            extra: dict[str, Any] = {}
+            if monitor.enforcement is not None and monitor.enforcement.learning:
+                extra["learning"] = True
             if self.config.proxy.log_evidence_text:
                 extra["evidence_text"] = monitor.text_of(finding)
             self.log.warning(

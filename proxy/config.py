@@ -70,6 +70,10 @@ class PolicySection:
     holdback_words: float = 16.0
     fail: str = "open"  # detector failure: "open" (pass, unscanned) or "closed" (cut)
     detector_budget_ms: float = 50.0  # a scan call slower than this is a failure
+    # Enforce blocks fragment findings only once the engine has learned from this many
+    # requests (a loaded state_file counts): a fresh engine does not yet know the
+    # deployment's boilerplate. Entities and canaries block from the start.
+    learn_requests: int = 1000
     # Overrides by tenant ([policy.tenants.NAME]) and by path prefix
     # ([policy.routes."/v1/completions"]): mode, min_foreign_words, holdback_words.
     tenants: dict[str, dict] = field(default_factory=dict)
@@ -85,6 +89,7 @@ class Policy:
     min_foreign_words: float
     fail_closed: bool
     budget_ms: float
+    learn_requests: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,7 @@ class Config:
             min_foreign_words=float(merged.get("min_foreign_words", 0.0)),
             fail_closed=self.policy.fail == "closed",
             budget_ms=self.policy.detector_budget_ms,
+            learn_requests=self.policy.learn_requests,
         )
 
     def engine_config(self) -> EngineConfig:

@@ -52,6 +52,9 @@ class Enforcement:
     min_foreign_words: float = 0.0  # findings below this are logged, not blocked
     fail_closed: bool = False
     budget_ms: float = 50.0  # one scan call slower than this counts as a detector failure
+    # The engine has not learned enough yet: fragment findings are logged, not blocked
+    # (entities and canaries still block).
+    learning: bool = False
 
 
 def words_in(text: str) -> float:
@@ -266,7 +269,8 @@ class ExchangeMonitor:
         if self.enforcement is not None and self.blocked_by is None:
             for finding in findings:
                 if finding.kind != "fragment" or (
-                    finding.foreign_units >= self.enforcement.min_foreign_words
+                    not self.enforcement.learning
+                    and finding.foreign_units >= self.enforcement.min_foreign_words
                 ):
                     self.blocked_by = finding
                     break

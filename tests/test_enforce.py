@@ -162,3 +162,32 @@ def test_policy_by_tenant_and_route():
     assert routed.mode == "enforce" and routed.min_foreign_words == 12
     with pytest.raises(ConfigError, match="policy.tenants"):
         load(None, policy__tenants={"x": {"mode": "block"}})
+
+
+def test_learning_engine_logs_fragments_but_still_blocks_entities(engine):
+    """A fresh engine (policy.learn_requests not reached) does not yet know the
+    deployment's boilerplate: its fragment findings are logged, not blocked. An entity
+    is specific enough to block from the start."""
+    data = sse_stream(["Summary:"] + PRIVATE.split())
+    m = monitor(engine, "B", "b-learn", "weather?", learning=True)
+    assert feed(m, data, 9) == data
+    assert m.findings and m.verdict == "leak" and not m.blocked_calls
+
+    engine.observe_prompt("A", "a-2", "Mail me at kasia.wrobel@bellwether-marine.pl", now=999.5)
+    data = sse_stream(["You", "can", "write", "to", "kasia.wrobel@bellwether-marine.pl", "today"])
+    m = monitor(engine, "C", "c-learn", "contact?", learning=True)
+    out = feed(m, data, 9)
+    assert m.verdict == "blocked" and m.blocked_by.kind == "entity"
+    assert b"bellwether-marine" not in out
+
+
+def test_learned_request_count_survives_a_restart(tmp_path):
+    first = Engine(EngineConfig(key=b"k" * 32))
+    for i in range(5):
+        first.observe_prompt("A", f"a-{i}", f"question number {i}", now=1000.0 + i)
+    first.save_commonness(tmp_path / "state.npz")
+    second = Engine(EngineConfig(key=b"k" * 32))
+    second.load_commonness(tmp_path / "state.npz")
+    assert second.observed_requests == 5
+    with pytest.raises(ValueError, match="made with key"):
+        Engine(EngineConfig(key=b"x" * 32)).load_commonness(tmp_path / "state.npz")

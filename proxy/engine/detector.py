@@ -131,6 +131,9 @@ class Engine:
         self._order: deque[int] = deque()  # slots by time, for expiry
         self._next_slot = 1
         self._last_sweep = 0.0
+        #: Requests this engine learned from (loaded state included): how much it knows
+        #: about what is common. A policy can wait for enough before blocking.
+        self.observed_requests = 0
         for text in baseline:
             self.add_baseline(text)
         self.add_plain_words(plain_words)
@@ -173,6 +176,7 @@ class Engine:
         """
         now = time.time() if now is None else now
         self._sweep(now)
+        self.observed_requests += 1
         units = unit_texts(text)
         self.vocabulary.learn(tenant, map(self.hasher.unit, units))
         fps = self.hasher.kgrams(units)
@@ -297,6 +301,7 @@ class Engine:
             k=np.array(self.config.k),
             sketch=self.sketch.counts_array,
             plain=np.fromiter(self.vocabulary.plain, dtype=np.uint64),
+            observed=np.array(self.observed_requests),
         )
         os.replace(tmp, path)
 
@@ -311,6 +316,8 @@ class Engine:
                 )
             self.sketch.merge(data["sketch"])
             self.vocabulary.add_plain(data["plain"].tolist())
+            if "observed" in data:
+                self.observed_requests += int(data["observed"])
 
     @property
     def fingerprints(self) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -158,6 +159,7 @@ class EntityIndex:
 
     def __init__(self, *, recent_max: int = 4096, rebuild_interval: float = 0.2) -> None:
         self.table: dict[str, EntityOwner] = {}
+        self._by_time: deque[tuple[float, str, str]] = deque()  # (time, key, tenant)
         self.recent_max = recent_max
         self.rebuild_interval = rebuild_interval
         self.generation = 0
@@ -178,22 +180,27 @@ class EntityIndex:
             self.longest = max(self.longest, len(key))
         owner.tenants[tenant] = (value, now)
         owner.pinned |= pin
+        if not owner.pinned:
+            self._by_time.append((now, key, tenant))
 
     def expire(self, older_than: float) -> int:
-        """Forget owners older than ``older_than``; returns entities dropped. The
-        automata still hold dropped keys until the next base rebuild: a match on a key
-        no longer in ``table`` is ignored."""
+        """Forget uses older than ``older_than``, oldest first (amortised: each use is
+        looked at once); returns entities dropped. The automata still hold dropped keys
+        until the next base rebuild: a match on a key no longer in ``table`` is
+        ignored."""
         dropped = 0
-        for key in list(self.table):
-            owner = self.table[key]
-            if owner.pinned:
+        queue = self._by_time
+        while queue and queue[0][0] < older_than:
+            _, key, tenant = queue.popleft()
+            owner = self.table.get(key)
+            if owner is None or owner.pinned:
                 continue
-            for tenant, (_, t) in list(owner.tenants.items()):
-                if t < older_than:
-                    del owner.tenants[tenant]
-            if not owner.tenants:
-                del self.table[key]
-                dropped += 1
+            use = owner.tenants.get(tenant)
+            if use is not None and use[1] < older_than:  # not renewed since
+                del owner.tenants[tenant]
+                if not owner.tenants:
+                    del self.table[key]
+                    dropped += 1
         return dropped
 
     def maybe_rebuild(self, now: float | None = None) -> None:
