@@ -225,7 +225,12 @@ class ExchangeMonitor:
             self._fail(e)
 
     def close(self) -> None:
-        """The exchange ended without a normal end of body (error, disconnect)."""
+        """The exchange ended without a normal end of body (error, disconnect): keep
+        what the stream said so far (an upstream error event, the model)."""
+        if self._parser is not None:
+            self.upstream_error = self.upstream_error or self._parser.error
+            self.model = self.model or self._parser.model
+            self.truncated = self.truncated or not self._parser.done
         if self.detector_error is None:
             try:
                 self._finish()
