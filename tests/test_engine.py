@@ -550,14 +550,22 @@ def test_run_of_plain_words_from_a_prompt(factor, n_words, leak):
 
 def test_run_of_plain_words_from_an_output_is_boilerplate():
     """A model's own plain words are its boilerplate: however long, a run of another
-    tenant's output without a distinctive word is not a leak. Control: one distinctive
-    word (a specific number) in the run makes it one."""
+    tenant's output without a distinctive word, inside an answer of its own, is not a
+    leak. Controls: one distinctive word (a specific number) in the run makes it one,
+    and so does an answer that is nearly all that other output (a mis-route)."""
     engine = make_engine(baseline=[PLAIN_VOCAB])
     exchange(engine, "A", "a-1", "Say something.", PLAIN_PRIVATE_ORDER + " 88213 ok.", T0)
     plain = PLAIN_PRIVATE_ORDER
-    assert exchange(engine, "B", "b-1", PROMPT_B, f"Zebras. {plain}. Penguins.", T0 + 1) == []
+    own = (
+        "Layer lasagna sheets with spinach ricotta and tomato sauce, bake at 190 degrees "
+        "for forty minutes, rest ten minutes, then slice into vegetarian squares."
+    )
+    answer = f"{own} {plain}. {own.replace('Layer', 'Next layer')}"
+    assert exchange(engine, "B", "b-1", PROMPT_B, answer, T0 + 1) == []
+    misrouted = exchange(engine, "D", "d-1", "Weather?", f"Zebras. {plain}. Penguins.", T0 + 2)
+    assert kinds(misrouted) == [FRAGMENT] and misrouted[0].source_tenant == "A"
     specific = " ".join(PLAIN_PRIVATE_ORDER.split()[-7:]) + " 88213"
-    found = exchange(engine, "C", "c-1", "Any tips?", f"Zebras. {specific}. Penguins.", T0 + 2)
+    found = exchange(engine, "C", "c-1", "Any tips?", f"{own} {specific}. {own}", T0 + 3)
     assert kinds(found) == [FRAGMENT]
 
 

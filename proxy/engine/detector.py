@@ -57,6 +57,9 @@ class EngineConfig:
     # mis-routed answer made of plain words); 0: always needs two.
     plain_cover_factor: float = 4.0
     containment: float = 0.5  # share of its span that scattered coverage must fill
+    # Share of an output's uncommon k-grams that one foreign request must hold for a
+    # whole-answer match (mis-route) without distinctive words; 0: off.
+    exclusive: float = 0.8
     common_tenants: int = 3  # text used by this many tenants is shared, not private
     same_prompt_similarity: float = 0.9  # prompts this similar excuse identical outputs
     window_seconds: float = 600.0
@@ -105,6 +108,7 @@ class _Run:
     fingerprints: list[int] = field(default_factory=list)
     distinct_units: set[int] = field(default_factory=set)
     first: int = -1  # first unit ever covered
+    kgrams: int = 0  # k-grams matched
 
 
 class Engine:
@@ -406,6 +410,7 @@ class ResponseScan:
         fps = [fp for _, fp in new]
         is_private, owners = engine._learn(self.tenant, fps, self._now)
         private = {fp for fp, keep in zip(fps, is_private, strict=True) if keep}
+        state.private_kgrams += sum(is_private)
         touched: set[int] = set()
         for (index, fp), values, keep in zip(new, owners, is_private, strict=True):
             if not values or not keep:
@@ -497,7 +502,13 @@ class ResponseScan:
         if run.best >= threshold and state.distinctive(run.best_start, run.best_end + 1):
             return True
         span = state.cumulative[run.end + 1] - state.cumulative[run.first]
-        if run.covered < 2 * threshold or run.covered < config.containment * span:
+        if run.covered < 2 * threshold:
+            return False
+        if config.exclusive and run.kgrams >= config.exclusive * state.private_kgrams:
+            # Nearly all of this answer's uncommon text is one other request's: a
+            # mis-routed answer, however plain its words.
+            return True
+        if run.covered < config.containment * span:
             return False
         return len(run.distinct_units) >= 2 or (
             config.plain_cover_factor > 0 and run.covered >= threshold * config.plain_cover_factor
@@ -565,6 +576,7 @@ class _ChoiceState:
         "cumulative",
         "runs",
         "vocabulary",
+        "private_kgrams",
     )
 
     def __init__(self, engine: Engine) -> None:
@@ -580,6 +592,7 @@ class _ChoiceState:
         self.cumulative: list[int] = [0]
         self.runs: dict[int, _Run] = {}
         self.vocabulary = engine.vocabulary
+        self.private_kgrams = 0  # k-grams of this output that are not common text
 
     def add_unit(self, unit: Unit, unit_hash: int) -> None:
         self.hashes.append(unit_hash)
@@ -616,6 +629,7 @@ class _ChoiceState:
         weight = cum[run.end + 1] - cum[run.start]
         if weight > run.best:
             run.best, run.best_start, run.best_end = weight, run.start, run.end
+        run.kgrams += 1
         if len(run.fingerprints) < 64:
             run.fingerprints.append(fp)
 
