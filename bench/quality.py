@@ -15,7 +15,7 @@ private units, in words (a CJK character counts half). Targets (issue 3): recall
 on leaks with >= 8 private words, on foreign entities and on mis-routed responses with
 private content; false positives <= 0.1% of clean responses; right source >= 98%.
 
-    python bench/quality.py [--requests 2500] [--tenants 24] [--json out.json]
+    python bench/quality.py [--requests 5000] [--tenants 24] [--engine FIELD=VALUE] [--json out.json]
 """
 
 from __future__ import annotations
