@@ -40,6 +40,12 @@ class _ReadyBanner:
 def ready_banner(proxy_url: str, upstream: str, simulated: bool, proxy: ProxySection) -> str:
     target = "the built-in simulated LLM at " if simulated else ""
     events = proxy.log_file or "stderr"
+    hint = (
+        "\nTo watch leaks being caught, restart with --sim-leak-rate 0.3 and send requests"
+        " as two tenants (X-Tenant-ID): leak.detected events name the source tenant."
+        if simulated
+        else ""
+    )
     return f"""crosstalk is running ({proxy.mode} mode): {proxy_url} -> {target}{upstream}
 
 Try it:
@@ -53,7 +59,7 @@ Try it:
       print(c.chat.completions.create(model='sim-llm-1', \\
       messages=[{{'role': 'user', 'content': 'Hello!'}}]).choices[0].message.content)"
 
-Events (JSON lines) go to {events}. Ctrl-C stops.
+Events (JSON lines) go to {events}. Ctrl-C stops.{hint}
 """
 
 
