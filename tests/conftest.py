@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -166,18 +167,30 @@ def learn_commonness(path: Path, requests: int = 1500) -> None:
 
 
 @pytest.fixture(scope="session")
-def warm_config(tmp_path_factory) -> Path:
-    """A config whose state file holds learned commonness (see learn_commonness)."""
-    root = tmp_path_factory.mktemp("warm")
-    learn_commonness(root / "state.npz")
+def warm_state(tmp_path_factory) -> Path:
+    """Learned commonness (see learn_commonness), computed once per test session."""
+    path = tmp_path_factory.mktemp("warm") / "state.npz"
+    learn_commonness(path)
+    return path
+
+
+@pytest.fixture
+def warm_config(warm_state: Path, tmp_path_factory) -> Path:
+    """A config with its own copy of the learned state: each proxy saves its state at
+    exit, and one test's traffic must not become the next test's common text."""
+    root = tmp_path_factory.mktemp("warmcfg")
+    shutil.copy(warm_state, root / "state.npz")
     cfg = root / "crosstalk.toml"
     cfg.write_text(f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{root / "state.npz"}"\n')
     return cfg
 
 
 @pytest.fixture(scope="module")
-def proxy(module_tmp: Path, sim: Sim, warm_config: Path) -> Iterator[Proxy]:
-    with run_mitmdump(module_tmp, sim.url, f"crosstalk_config={warm_config}") as p:
+def proxy(module_tmp: Path, sim: Sim, warm_state: Path) -> Iterator[Proxy]:
+    shutil.copy(warm_state, module_tmp / "state.npz")
+    cfg = module_tmp / "crosstalk.toml"
+    cfg.write_text(f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{module_tmp / "state.npz"}"\n')
+    with run_mitmdump(module_tmp, sim.url, f"crosstalk_config={cfg}") as p:
         yield p
 
 

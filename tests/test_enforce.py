@@ -191,3 +191,20 @@ def test_learned_request_count_survives_a_restart(tmp_path):
     assert second.observed_requests == 5
     with pytest.raises(ValueError, match="made with key"):
         Engine(EngineConfig(key=b"x" * 32)).load_commonness(tmp_path / "state.npz")
+
+
+def test_one_tenant_repeating_itself_across_restarts_stays_private(tmp_path):
+    """The commonness sketch counts distinct tenants, and it is saved across restarts:
+    a tenant sending the same private text after each restart must not become "three
+    tenants" (the pair filter remembers who was counted)."""
+    state = tmp_path / "state.npz"
+    for restart in range(4):
+        e = Engine(EngineConfig(key=b"k" * 32))
+        if state.exists():
+            e.load_commonness(state)
+        e.observe_prompt("A", f"a-{restart}", PRIVATE, now=1000.0 + restart).finish()
+        e.save_commonness(state)
+    data = sse_stream(["Summary:", *PRIVATE.split()])
+    m = monitor(e, "B", "b-1", "weather?")
+    feed(m, data, 9)
+    assert m.blocked_by is not None and m.blocked_by.source_tenant == "A"

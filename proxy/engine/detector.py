@@ -21,6 +21,7 @@ the benchmarks all drive this same API.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from collections import deque
@@ -31,7 +32,7 @@ import numpy as np
 
 from .entities import EntityIndex, EntityScanner, fold, iter_entity_keys
 from .fingerprint import Hasher, StreamShingler, StreamWinnower, winnow
-from .index import CommonnessSketch, FingerprintIndex
+from .index import CommonnessSketch, FingerprintIndex, PairFilter
 from .tokens import StreamTokenizer, Unit, unit_texts
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
@@ -128,6 +129,8 @@ class Engine:
             width_bits=config.sketch_width_bits, half_life=config.sketch_half_life
         )
         self.entities = EntityIndex()
+        self.pairs = PairFilter(period=config.sketch_half_life)
+        self._tenant_keys: dict[str, int] = {}
         self.vocabulary = Vocabulary(config.common_tenants, config.plain_share)
         self.baseline: set[int] = set()
         self._baseline_entities: set[str] = set()
@@ -218,10 +221,13 @@ class Engine:
         counts = self.sketch.counts(fps)
         threshold = self.config.common_tenants
         owners = self.index.lookup(fps)
+        tenant_key = self._tenant_key(tenant)
         first_use = [
             fp
             for fp, count, values in zip(fps, counts, owners, strict=True)
-            if count < threshold and all(self._tenant_of(v) != tenant for v in values)
+            if count < threshold
+            and all(self._tenant_of(v) != tenant for v in values)
+            and self.pairs.add_new(tenant_key, fp, now)
         ]
         if first_use:
             self.sketch.increment(list(set(first_use)), now)
@@ -231,6 +237,15 @@ class Engine:
             for fp, count, values in zip(fps, counts, owners, strict=True)
         ]
         return private, owners
+
+    def _tenant_key(self, tenant: str) -> int:
+        key = self._tenant_keys.get(tenant)
+        if key is None:
+            if len(self._tenant_keys) > 100_000:
+                self._tenant_keys.clear()
+            digest = hashlib.blake2b(tenant.encode(), key=self.hasher.key, digest_size=8)
+            key = self._tenant_keys[tenant] = int.from_bytes(digest.digest(), "little")
+        return key
 
     def _tenant_of(self, value: int) -> str | None:
         record = self._requests.get(value >> 1)
@@ -306,6 +321,8 @@ class Engine:
             sketch=self.sketch.counts_array,
             plain=np.fromiter(self.vocabulary.plain, dtype=np.uint64),
             observed=np.array(self.observed_requests),
+            pairs_current=np.frombuffer(self.pairs.generations[0], np.uint8),
+            pairs_previous=np.frombuffer(self.pairs.generations[1], np.uint8),
         )
         os.replace(tmp, path)
 
@@ -322,6 +339,8 @@ class Engine:
             self.vocabulary.add_plain(data["plain"].tolist())
             if "observed" in data:
                 self.observed_requests += int(data["observed"])
+            if "pairs_current" in data:
+                self.pairs.load([data["pairs_current"].tobytes(), data["pairs_previous"].tobytes()])
 
     @property
     def fingerprints(self) -> int:
@@ -329,7 +348,7 @@ class Engine:
 
     @property
     def nbytes(self) -> int:
-        return self.index.nbytes + self.sketch.nbytes
+        return self.index.nbytes + self.sketch.nbytes + self.pairs.nbytes
 
 
 class ResponseScan:

@@ -284,3 +284,60 @@ class CommonnessSketch:
             halvings = int((now - self._last_decay) // self.half_life)
             self._counts >>= min(halvings, 16)  # in place: _flat stays valid
             self._last_decay += halvings * self.half_life
+
+
+class PairFilter:
+    """Which (tenant, fingerprint) pairs were already counted: a Bloom filter in two
+    generations, rotated every ``period`` seconds (a pair is remembered for one to two
+    periods).
+
+    The commonness sketch counts *distinct tenants*. Within the window the index knows
+    who used a fingerprint; across its eviction, and across restarts (the sketch is
+    saved), only this filter keeps one tenant repeating its own text from counting as
+    several tenants.
+    """
+
+    HASHES = 3
+
+    def __init__(self, *, bits: int = 25, period: float = 3600.0) -> None:
+        self._bits = bits
+        self.period = period
+        self.generations = [bytearray(1 << (bits - 3)), bytearray(1 << (bits - 3))]
+        self._started: float | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(len(g) for g in self.generations)
+
+    def _positions(self, pair: int) -> list[int]:
+        shift = 64 - self._bits
+        return [
+            (((pair + i * 0xC2B2AE3D27D4EB4F) * 0x9E3779B97F4A7C15) & _MASK64) >> shift
+            for i in range(self.HASHES)
+        ]
+
+    def add_new(self, tenant_key: int, fingerprint: int, now: float) -> bool:
+        """Record the pair; True if it was not already there."""
+        self._rotate(now)
+        positions = self._positions(tenant_key ^ fingerprint)
+        for generation in self.generations:
+            if all(generation[p >> 3] >> (p & 7) & 1 for p in positions):
+                return False
+        current = self.generations[0]
+        for p in positions:
+            current[p >> 3] |= 1 << (p & 7)
+        return True
+
+    def _rotate(self, now: float) -> None:
+        if self._started is None:
+            self._started = now
+        elif now - self._started >= self.period:
+            self.generations = [bytearray(len(self.generations[0])), self.generations[0]]
+            self._started = now
+
+    def load(self, generations: list[bytes]) -> None:
+        if [len(g) for g in generations] != [len(g) for g in self.generations]:
+            raise ValueError("pair filter of another size")
+        for mine, theirs in zip(self.generations, generations, strict=True):
+            merged = np.bitwise_or(np.frombuffer(mine, np.uint8), np.frombuffer(theirs, np.uint8))
+            mine[:] = merged.tobytes()
