@@ -88,7 +88,12 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm
     late = []
     for rid in blocked:
         r = by_id[rid]
-        if rid in faults and faults[rid]["source_tenant"] and r.request.stream:
+        if rid in faults and faults[rid]["kind"] == "entities":
+            # The simulator's sentence around the entities is its own wording: what
+            # must not reach the client is the other tenant's entities.
+            for entity in faults[rid]["entities"]:
+                assert entity.lower() not in r.text.lower(), (rid, "entity reached client")
+        elif rid in faults and faults[rid]["source_tenant"] and r.request.stream:
             fault = faults[rid]
             lag = detection_lag(fault, answers[rid], detections[rid], j.oracle)
             reached = private_words_reached_client(fault, r, j.oracle)
