@@ -85,12 +85,15 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm
     faults = {t["request_id"]: t for t in truth}
     aborted = streamed = 0
     detections = {e["request_id"]: e for e in events if e["event"] == "leak.detected"}
+    target_ids = {t["request_id"] for t in j.targets}
     late = []
     for rid in blocked:
         r = by_id[rid]
         if rid in faults and faults[rid]["kind"] == "entities":
             # The simulator's sentence around the entities is its own wording: what
-            # must not reach the client is the other tenant's entities.
+            # must not reach the client is the other tenant's private entities.
+            if rid not in target_ids:
+                continue  # also used by other tenants: not a leak to stop
             for entity in faults[rid]["entities"]:
                 assert entity.lower() not in r.text.lower(), (rid, "entity reached client")
         elif rid in faults and faults[rid]["source_tenant"] and r.request.stream:
