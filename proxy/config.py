@@ -49,13 +49,22 @@ class DetectionSection:
     baseline_dir: str = ""  # empty: the packaged config/baseline
     vocabulary_dir: str = ""  # empty: the packaged config/vocabulary
     state_file: str = ""  # learned commonness, loaded at start and saved at exit (.npz)
+    # Engine parameters (EngineConfig; README and bench/quality.py for their effect).
     k: int = _ENGINE.k
     winnow_window: int = _ENGINE.winnow_window
     min_run_words: float = _ENGINE.min_run_words
+    plain_run_factor: float = _ENGINE.plain_run_factor
+    plain_output_factor: float = _ENGINE.plain_output_factor
+    plain_share: float = _ENGINE.plain_share
+    plain_cover_factor: float = _ENGINE.plain_cover_factor
+    containment: float = _ENGINE.containment
+    exclusive: float = _ENGINE.exclusive
     common_tenants: int = _ENGINE.common_tenants
     same_prompt_similarity: float = _ENGINE.same_prompt_similarity
     window_seconds: float = _ENGINE.window_seconds
     max_fingerprints: int = _ENGINE.max_fingerprints
+    sketch_width_bits: int = _ENGINE.sketch_width_bits
+    sketch_half_life: float = _ENGINE.sketch_half_life
     entities: bool = _ENGINE.entities
 
 
@@ -126,17 +135,12 @@ class Config:
             key = bytes.fromhex(d.key) if d.key else None
         except ValueError as e:
             raise ConfigError("detection.key must be hex") from e
-        return EngineConfig(
-            key=key,
-            k=d.k,
-            winnow_window=d.winnow_window,
-            min_run_words=d.min_run_words,
-            common_tenants=d.common_tenants,
-            same_prompt_similarity=d.same_prompt_similarity,
-            window_seconds=d.window_seconds,
-            max_fingerprints=d.max_fingerprints,
-            entities=d.entities,
-        )
+        # Every engine field the section has, by name: a new engine parameter only
+        # needs its line in DetectionSection.
+        shared = {f.name for f in dataclasses.fields(EngineConfig)} & {
+            f.name for f in dataclasses.fields(DetectionSection)
+        } - {"key"}
+        return EngineConfig(key=key, **{name: getattr(d, name) for name in shared})
 
 
 def _section(cls: type, name: str, data: Any) -> Any:

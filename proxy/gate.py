@@ -22,7 +22,6 @@ class StreamGate:
         self.holdback_words = holdback_words
         self._held: deque[tuple[bytes, float]] = deque()
         self._held_words = 0.0
-        self.released_words = 0.0
         self.cut_done = False
 
     @property
@@ -40,14 +39,12 @@ class StreamGate:
         while self._held and (self._held_words > self.holdback_words or self._held[0][1] == 0):
             event, words = self._held.popleft()
             self._held_words -= words
-            self.released_words += words
             out.append(event)
         return out
 
     def flush(self) -> list[bytes]:
         """End of a clean stream: everything still held, in order."""
         out = [event for event, _ in self._held]
-        self.released_words += self._held_words
         self._held.clear()
         self._held_words = 0.0
         return out

@@ -208,3 +208,22 @@ def test_one_tenant_repeating_itself_across_restarts_stays_private(tmp_path):
     m = monitor(e, "B", "b-1", "weather?")
     feed(m, data, 9)
     assert m.blocked_by is not None and m.blocked_by.source_tenant == "A"
+
+
+def test_every_engine_parameter_in_the_config_reaches_the_engine():
+    """[detection] carries the engine's tuning; none may be silently dropped."""
+    import dataclasses
+
+    from proxy.config import DetectionSection
+
+    overrides = {
+        f.name: getattr(EngineConfig(), f.name) + 1
+        for f in dataclasses.fields(DetectionSection)
+        if f.name in {g.name for g in dataclasses.fields(EngineConfig)}
+        and type(getattr(EngineConfig(), f.name)) in (int, float)
+    }
+    assert {"exclusive", "plain_share", "containment", "k"} <= set(overrides)
+    engine_config = load(
+        None, **{f"detection__{k}": v for k, v in overrides.items()}
+    ).engine_config()
+    assert {k: getattr(engine_config, k) for k in overrides} == overrides
