@@ -162,12 +162,11 @@ class ExchangeMonitor:
             self._unscanned.append(rest)  # an unterminated last event: scanned, then sent
         while self._unscanned:
             raw = self._unscanned[0]
-            words = 0.0
+            before = self._scanned_words()
             for event in self._sse.feed(raw):
-                deltas = self._parser.feed(event)
-                words += sum(words_in(d.text) for d in deltas)
-                self._deliver(deltas)
-            self._gate.push(raw, words)
+                self._deliver(self._parser.feed(event))
+            # The gate counts the words the engine tokenised: no second pass over the text.
+            self._gate.push(raw, self._scanned_words() - before)
             self._unscanned.popleft()
             if self.blocked_by is not None:
                 return []
@@ -176,6 +175,9 @@ class ExchangeMonitor:
         self._sse.close()
         self._end_of_stream()
         return [] if self.blocked_by is not None else self._gate.flush()
+
+    def _scanned_words(self) -> float:
+        return self.scan.output_words if self.scan is not None else 0.0
 
     def _must_fail_closed(self) -> bool:
         return bool(

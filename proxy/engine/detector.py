@@ -405,8 +405,10 @@ class ResponseScan:
         return found
 
     @property
-    def output_units(self) -> int:
-        return sum(len(s.weights) for s in self._choices.values())
+    def output_words(self) -> float:
+        """Words of output scanned so far, all choices (a CJK character counts half; a
+        word still cut by the stream counts once it is complete)."""
+        return sum(s.cumulative[-1] for s in self._choices.values()) / 2
 
     # -- fragments -----------------------------------------------------------------
 
