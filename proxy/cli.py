@@ -1,80 +1,41 @@
-"""The ``crosstalk`` command line."""
+"""The ``crosstalk`` command line: dispatches to the modules of ``proxy.commands``."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import importlib
 import sys
 
 from . import __version__
-from .config import ConfigError, load
 
-
-def _run_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run the proxy (in front of the simulator by default)")
-    p.add_argument("--upstream", help="engine URL (http or https); default: built-in simulator")
-    p.add_argument("--listen-host", help="default 127.0.0.1")
-    p.add_argument("--listen-port", type=int, help="default 8080")
-    p.add_argument("--config", help="TOML configuration (see config/crosstalk.example.toml)")
-    p.add_argument("--log-file", help="JSON-lines event log; default stderr")
-    p.add_argument("--log-level", choices=("debug", "info", "warning"))
-    p.add_argument("--mode", choices=("shadow", "enforce"), help="default shadow")
-    p.add_argument(
-        "--sim-leak-rate",
-        type=float,
-        default=0.0,
-        help="built-in simulator only: inject cross-tenant leaks at this rate",
-    )
-    p.add_argument("--sim-truth", help="built-in simulator only: write injected faults here")
-    p.add_argument(
-        "--sim-token-delay",
-        type=float,
-        default=0.02,
-        help="built-in simulator only: seconds per streamed token",
-    )
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from .runner import RunRequest, serve
-    from .sim.server import SimConfig
-
-    try:
-        config = load(
-            args.config,
-            proxy__upstream=args.upstream,
-            proxy__listen_host=args.listen_host,
-            proxy__listen_port=args.listen_port,
-            proxy__log_file=args.log_file,
-            proxy__log_level=args.log_level,
-            proxy__mode=args.mode,
-        )
-    except ConfigError as e:
-        print(f"crosstalk: {e}", file=sys.stderr)
-        return 2
-    sim = SimConfig(
-        token_delay=args.sim_token_delay, leak_rate=args.sim_leak_rate, truth_path=args.sim_truth
-    )
-    return asyncio.run(serve(RunRequest(config, args.config, sim)))
+#: name -> (one-line help, module). Each module: ``add_arguments(parser)``, ``main(args)``.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("run the proxy (in front of the simulator by default)", "proxy.commands.run"),
+    "sim": ("run the simulated LLM engine", "proxy.sim.server"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "sim":
+        # The simulator parses its own arguments: it also runs as ``python -m``.
+        from .sim.server import main as sim_main
+
+        return sim_main(argv[1:])
     parser = argparse.ArgumentParser(
         prog="crosstalk", description="Catch cross-tenant data leaks in LLM responses."
     )
     parser.add_argument("--version", action="version", version=f"crosstalk {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _run_parser(sub)
-    sub.add_parser("sim", help="run the simulated LLM engine", add_help=False)
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "sim":
-        from .sim.server import main as sim_main
-
-        return sim_main(argv[1:])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    chosen = argv[0] if argv else None
+    for name, (help_text, module_name) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, add_help=name != "sim")
+        if name == chosen and name != "sim":
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(handler=module.main)
     args = parser.parse_args(argv)
-    if args.command == "run":
-        return cmd_run(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    return args.handler(args)
 
 
 if __name__ == "__main__":

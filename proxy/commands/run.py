@@ -1,0 +1,55 @@
+"""``crosstalk run``: the proxy, in front of the built-in simulator by default."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from ..config import ConfigError, load
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--upstream", help="engine URL (http or https); default: built-in simulator")
+    p.add_argument("--listen-host", help="default 127.0.0.1")
+    p.add_argument("--listen-port", type=int, help="default 8080")
+    p.add_argument("--config", help="TOML configuration (see config/crosstalk.example.toml)")
+    p.add_argument("--log-file", help="JSON-lines event log; default stderr")
+    p.add_argument("--log-level", choices=("debug", "info", "warning"))
+    p.add_argument("--mode", choices=("shadow", "enforce"), help="default shadow")
+    p.add_argument(
+        "--sim-leak-rate",
+        type=float,
+        default=0.0,
+        help="built-in simulator only: inject cross-tenant leaks at this rate",
+    )
+    p.add_argument("--sim-truth", help="built-in simulator only: write injected faults here")
+    p.add_argument(
+        "--sim-token-delay",
+        type=float,
+        default=0.02,
+        help="built-in simulator only: seconds per streamed token",
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..runner import RunRequest, serve
+    from ..sim.server import SimConfig
+
+    try:
+        config = load(
+            args.config,
+            proxy__upstream=args.upstream,
+            proxy__listen_host=args.listen_host,
+            proxy__listen_port=args.listen_port,
+            proxy__log_file=args.log_file,
+            proxy__log_level=args.log_level,
+            proxy__mode=args.mode,
+        )
+    except ConfigError as e:
+        print(f"crosstalk: {e}", file=sys.stderr)
+        return 2
+    sim = SimConfig(
+        token_delay=args.sim_token_delay, leak_rate=args.sim_leak_rate, truth_path=args.sim_truth
+    )
+    return asyncio.run(serve(RunRequest(config, args.config, sim)))
