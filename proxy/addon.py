@@ -84,17 +84,8 @@ class CrossTalk:
             raise exceptions.OptionsError(f"crosstalk: {e}") from e
         self.config = cfg
         engine_config = cfg.engine_config()
-        self.engine = Engine(
-            engine_config,
-            baseline=configuration.load_baseline(cfg.detection.baseline_dir),
-            plain_words=configuration.load_vocabulary(cfg.detection.vocabulary_dir),
-        )
-        self.rules = TenantRules(
-            sources=cfg.tenants.sources,
-            header=cfg.tenants.header,
-            api_keys=dict(cfg.tenants.api_keys),
-            secret=self.engine.hasher.key,
-        )
+        self.engine = configuration.build_engine(cfg)
+        self.rules = configuration.tenant_rules(cfg, self.engine.hasher.key)
         self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
         self._load_state()
         self.log.info(
@@ -275,28 +266,11 @@ class CrossTalk:
         asyncio.get_running_loop().call_soon(handler.close_connection, flow.server_conn)
 
     def _on_findings(self, monitor: ExchangeMonitor, findings: list[Finding]) -> None:
+        evidence_text = self.config.proxy.log_evidence_text
         for finding in findings:
             self.counters["findings"] += 1
-            extra: dict[str, Any] = {}
-            if monitor.enforcement is not None and monitor.enforcement.learning:
-                extra["learning"] = True
-            if self.config.proxy.log_evidence_text:
-                extra["evidence_text"] = monitor.text_of(finding)
             self.log.warning(
-                "leak.detected",
-                request_id=monitor.request_id,
-                tenant=monitor.tenant,
-                source_tenant=finding.source_tenant,
-                source_request_id=finding.source_request_id,
-                action=monitor.action_for(finding),
-                kind=finding.kind,
-                score=finding.score,
-                foreign_units=finding.foreign_units,
-                output_offset=[finding.start, finding.end],
-                detected_at=finding.detected_at,
-                choice=finding.choice,
-                evidence=finding.evidence,
-                **extra,
+                "leak.detected", **monitor.leak_fields(finding, evidence_text=evidence_text)
             )
 
     def _log_exchange(

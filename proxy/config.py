@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine import EngineConfig
-from .tenants import SOURCES
+from .engine import Engine, EngineConfig
+from .tenants import SOURCES, TenantRules
 
 MODES = ("shadow", "enforce")
 UNKNOWN_TENANT = ("anonymous", "reject")
@@ -265,3 +265,20 @@ def load_vocabulary(directory: str | Path | None) -> list[str]:
         for text in _texts(Path(directory) if directory else PACKAGED / "vocabulary")
         for w in text.split()
     ]
+
+
+def build_engine(config: Config) -> Engine:
+    """The engine ``config`` describes, with its baseline and plain vocabulary: one
+    factory for the live proxy and ``crosstalk replay``, so both detect alike."""
+    return Engine(
+        config.engine_config(),
+        baseline=load_baseline(config.detection.baseline_dir),
+        plain_words=load_vocabulary(config.detection.vocabulary_dir),
+    )
+
+
+def tenant_rules(config: Config, secret: bytes) -> TenantRules:
+    """How requests are attributed to tenants; ``secret`` keys the pseudonyms of
+    unmapped API keys (the engine's key, so they are stable under a fixed key)."""
+    t = config.tenants
+    return TenantRules(sources=t.sources, header=t.header, api_keys=dict(t.api_keys), secret=secret)

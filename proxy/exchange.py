@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .decoding import Decoder, UnsupportedEncoding, stream_decoder
 from .engine import Finding, ResponseScan
@@ -295,6 +296,30 @@ class ExchangeMonitor:
     def action_for(self, finding: Finding) -> str:
         """What was done about ``finding``: blocked, or only logged."""
         return "blocked" if finding is self.blocked_by else "logged"
+
+    def leak_fields(self, finding: Finding, *, evidence_text: bool = False) -> dict[str, Any]:
+        """The fields of a ``leak.detected`` event for ``finding``: built in one place so
+        that the live proxy and ``crosstalk replay`` log findings identically. Ids,
+        counts and keyed hashes only; the leaked text only with ``evidence_text``."""
+        fields: dict[str, Any] = {
+            "request_id": self.request_id,
+            "tenant": self.tenant,
+            "source_tenant": finding.source_tenant,
+            "source_request_id": finding.source_request_id,
+            "action": self.action_for(finding),
+            "kind": finding.kind,
+            "score": finding.score,
+            "foreign_units": finding.foreign_units,
+            "output_offset": [finding.start, finding.end],
+            "detected_at": finding.detected_at,
+            "choice": finding.choice,
+            "evidence": finding.evidence,
+        }
+        if self.enforcement is not None and self.enforcement.learning:
+            fields["learning"] = True
+        if evidence_text:
+            fields["evidence_text"] = self.text_of(finding)
+        return fields
 
     @property
     def verdict(self) -> str:
