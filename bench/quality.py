@@ -10,7 +10,8 @@ responses stream round-robin in small deltas cut at random (mid-word included).
 
 What counts as private, independent of the detector: a leaked unit is *private* when it
 sits in a 4-unit shingle that no tenant other than the source ever used anywhere in the
-whole benchmark (an oracle with full hindsight). A fault's size is its longest run of
+whole benchmark, the earlier traffic a warm engine learned from included (an oracle
+with full hindsight). A fault's size is its longest run of
 private units, in words (a CJK character counts half). Targets (issue 3): recall >= 99%
 on leaks with >= 8 private words, on foreign entities and on mis-routed responses with
 private content; false positives <= 0.1% of clean responses; right source >= 98%.
@@ -134,10 +135,13 @@ def bucket(words: float) -> str:
     return "?"
 
 
-def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
+def evaluate(exchanges: list[Exchange], warmup: int, history: list[Exchange] = ()) -> dict:
+    """Scores the engine on ``exchanges``. ``history``: earlier traffic the engine learned
+    from (the warm state); text other tenants used there is not private either."""
+    seen = [*history, *exchanges]
     oracle = PrivacyOracle(
         Observed(ex.tenant, ex.prompt, ex.answer, ex.fault.leaked_text if ex.fault else "")
-        for ex in exchanges
+        for ex in seen
     )
     rows: dict[tuple[str, str], Counter] = defaultdict(Counter)
     clean = Counter()
@@ -159,7 +163,7 @@ def evaluate(exchanges: list[Exchange], warmup: int) -> dict:
         if f.kind == "degenerate":
             key = ("degenerate", "-")
         elif f.kind == "entities":
-            key = ("entities", "private" if entity_private(ex, exchanges) else "shared")
+            key = ("entities", "private" if entity_private(ex, seen) else "shared")
         else:
             key = (f.kind, bucket(oracle.private_run(f.source_tenant, f.leaked_text)))
         row = rows[key]
@@ -309,12 +313,13 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     config = engine_config(args.engine)
     results = {}
+    history: list[Exchange] = []
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "commonness.npz"
         if args.warm:
             # A previous day of the same deployment's traffic (another seed: other
             # prompts, other private data) teaches the engine what is boilerplate.
-            _, warm_engine = run_traffic(
+            history, warm_engine = run_traffic(
                 args, config, seed=args.seed + 1000, requests=args.warm, state=None
             )
             warm_engine.save_commonness(state)
@@ -326,7 +331,7 @@ def main(argv=None) -> int:
                 args, config, seed=args.seed, requests=args.requests, state=use_state
             )
             seconds = time.perf_counter() - t0
-            result = evaluate(exchanges, args.warmup)
+            result = evaluate(exchanges, args.warmup, history if use_state else [])
             print(
                 f"\n### {label}: {'fresh engine' if use_state is None else f'commonness learned from {args.warm} earlier requests'}\n"
             )

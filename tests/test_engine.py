@@ -20,7 +20,7 @@ from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
-from proxy.engine.tokens import CHAR_WEIGHT, WORD_WEIGHT, StreamTokenizer, units_of
+from proxy.engine.tokens import CHAR_WEIGHT, WORD_WEIGHT, StreamTokenizer, unit_texts, units_of
 
 KEY = b"k" * 32
 T0 = 1_000_000.0  # well past 0 so that the first sweep behaves like in production
@@ -768,11 +768,19 @@ def test_stream_tokenizer_matches_units_of_for_any_split(text, data):
     tokenizer = StreamTokenizer()
     units = []
     for piece in pieces:
-        units += tokenizer.feed(piece)
-    units += tokenizer.flush()
+        units += tokenizer.feed(piece).units()
+    units += tokenizer.flush().units()
     assert units == units_of(text)
     for u in units:
         assert u.text and u.weight in (WORD_WEIGHT, CHAR_WEIGHT)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.text(alphabet=TOKEN_ALPHABET + "’‘“”—–…«»·\u00a0\u200b", max_size=50))
+def test_whole_text_fast_path_gives_the_streamed_units(text):
+    """Prompts take ``unit_texts`` (one C pass when the text is ASCII but for common
+    punctuation), outputs the streaming tokenizer: both must see the same units."""
+    assert unit_texts(text) == [u.text for u in units_of(text)]
 
 
 def test_units_normalise_case_width_and_punctuation():

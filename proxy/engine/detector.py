@@ -27,13 +27,14 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate, islice
 
 import numpy as np
 
 from .entities import EntityIndex, EntityScanner, fold, iter_entity_keys
-from .fingerprint import Hasher, StreamShingler, StreamWinnower, winnow
+from .fingerprint import Hasher, StreamWinnower, winnow
 from .index import CommonnessSketch, FingerprintIndex, PairFilter
-from .tokens import StreamTokenizer, Unit, unit_texts
+from .tokens import StreamTokenizer, UnitBatch, unit_texts
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
 
@@ -155,9 +156,9 @@ class Engine:
     def add_baseline(self, text: str) -> None:
         """Text that is shared by design (system prompts, templates, public documents,
         boilerplate): never counted as anyone's private text."""
-        units = unit_texts(text)
-        self.baseline.update(self.hasher.kgrams(units))
-        self.vocabulary.add_plain(map(self.hasher.unit, units))
+        hashes = self.hasher.units(unit_texts(text))
+        self.baseline.update(self.hasher.kgrams_of_hashes(hashes))
+        self.vocabulary.add_plain(hashes)
         self._baseline_entities.update(key for _, key in iter_entity_keys(text))
 
     def register_canary(self, tenant: str, canary: str) -> None:
@@ -185,12 +186,13 @@ class Engine:
         self._sweep(now)
         self.observed_requests += 1
         units = unit_texts(text)
-        self.vocabulary.learn(tenant, map(self.hasher.unit, units))
-        fps = self.hasher.kgrams(units)
+        hashes = self.hasher.units(units)
+        self.vocabulary.learn(tenant, hashes)
+        fps = self.hasher.kgrams_of_hashes(hashes)
         is_private, _ = self._learn(tenant, fps, now)
         private = [fp for fp, keep in zip(fps, is_private, strict=True) if keep]
         model_fps = set(self.hasher.kgrams(unit_texts(model_text)))
-        signature = np.unique(np.fromiter(private, dtype=np.uint64, count=len(private)))
+        signature = np.unique(np.array(private, dtype=np.uint64))
         slot = self._new_slot(
             tenant,
             request_id,
@@ -204,7 +206,7 @@ class Engine:
             self.index.add(fp, value | (fp in model_fps), now)
         if self.config.entities:
             self._add_entities(text, tenant, value, now)
-        return ResponseScan(self, tenant, request_id, slot, now)
+        return ResponseScan(self, tenant, request_id, slot, now, own_units=frozenset(hashes))
 
     # -- internals shared with ResponseScan -----------------------------------------
 
@@ -221,16 +223,16 @@ class Engine:
         counts = self.sketch.counts(fps)
         threshold = self.config.common_tenants
         owners = self.index.lookup(fps)
-        tenant_key = self._tenant_key(tenant)
-        first_use = [
+        tenant_of = self._tenant_of
+        unowned = [
             fp
             for fp, count, values in zip(fps, counts, owners, strict=True)
-            if count < threshold
-            and all(self._tenant_of(v) != tenant for v in values)
-            and self.pairs.add_new(tenant_key, fp, now)
+            if count < threshold and all(tenant_of(v) != tenant for v in values)
         ]
-        if first_use:
-            self.sketch.increment(list(set(first_use)), now)
+        if unowned:
+            first_use = self.pairs.first_seen(self._tenant_key(tenant), unowned, now)
+            if first_use:
+                self.sketch.increment(first_use, now)
         baseline = self.baseline
         private = [
             count < threshold and fp not in baseline and len(values) < 64
@@ -355,8 +357,20 @@ class ResponseScan:
     """Scans one response, delta by delta, per choice. Also records the response's
     own output as a source for later responses (outputs leak as well as prompts)."""
 
-    def __init__(self, engine: Engine, tenant: str, request_id: str, slot: int, now: float):
+    def __init__(
+        self,
+        engine: Engine,
+        tenant: str,
+        request_id: str,
+        slot: int,
+        now: float,
+        *,
+        own_units: frozenset[int] = frozenset(),
+    ):
         self.engine = engine
+        #: Unit hashes of this request's own prompt: a name or number the victim wrote
+        #: itself explains its answer, so it does not make a foreign match distinctive.
+        self.own_units = own_units
         self.tenant = tenant
         self.request_id = request_id
         self.slot = slot
@@ -373,7 +387,7 @@ class ResponseScan:
             self._now = now
         state = self._choices.get(choice)
         if state is None:
-            state = self._choices[choice] = _ChoiceState(self.engine)
+            state = self._choices[choice] = _ChoiceState(self.engine, self.own_units)
         found = self._scan_units(state, choice, state.tokenizer.feed(delta))
         if state.entities is not None:
             self.engine.entities.maybe_rebuild()
@@ -413,17 +427,14 @@ class ResponseScan:
     # -- fragments -----------------------------------------------------------------
 
     def _scan_units(
-        self, state: _ChoiceState, choice: int, units: list[Unit], *, final: bool = False
+        self, state: _ChoiceState, choice: int, batch: UnitBatch, *, final: bool = False
     ) -> list[Finding]:
         engine = self.engine
-        new: list[tuple[int, int]] = []
-        for unit in units:
-            state.add_unit(unit, engine.hasher.unit(unit.text))
-            kgram = state.shingler.push(unit.text)
-            if kgram is not None:
-                new.append((kgram.index, kgram.fingerprint))
-        selected = [s for i, fp in new if (s := state.winnower.push(i, fp))]
-        if final and (tail := state.winnower.flush()):
+        first, fps = state.add_units(batch, engine.hasher)
+        new = list(enumerate(fps, first))
+        winnower = state.winnower
+        selected = new if winnower.w <= 1 else [s for i, fp in new if (s := winnower.push(i, fp))]
+        if final and (tail := winnower.flush()):
             selected.append(tail)
         if not new:
             self._index_output(selected)
@@ -467,10 +478,8 @@ class ResponseScan:
         return foreign
 
     def _index_output(self, selected: list[tuple[int, int]], private: set[int] | None = None):
-        value = (self.slot << 1) | 1
-        for _, fp in selected:
-            if private is None or fp in private:
-                self.engine.index.add(fp, value, self._now)
+        kept = (fp for _, fp in selected if private is None or fp in private)
+        self.engine.index.add_many(kept, (self.slot << 1) | 1, self._now)
 
     def _fragment_findings(
         self, state: _ChoiceState, choice: int, touched: set[int]
@@ -586,7 +595,6 @@ class _ChoiceState:
 
     __slots__ = (
         "tokenizer",
-        "shingler",
         "winnower",
         "entities",
         "starts",
@@ -597,12 +605,12 @@ class _ChoiceState:
         "cumulative",
         "runs",
         "vocabulary",
+        "own_units",
         "private_kgrams",
     )
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, own_units: frozenset[int] = frozenset()) -> None:
         self.tokenizer = StreamTokenizer()
-        self.shingler = StreamShingler(engine.hasher)
         self.winnower = StreamWinnower(engine.config.winnow_window)
         self.entities = EntityScanner(engine.entities) if engine.config.entities else None
         self.starts: list[int] = []
@@ -613,19 +621,34 @@ class _ChoiceState:
         self.cumulative: list[int] = [0]
         self.runs: dict[int, _Run] = {}
         self.vocabulary = engine.vocabulary
+        self.own_units = own_units
         self.private_kgrams = 0  # k-grams of this output that are not common text
 
-    def add_unit(self, unit: Unit, unit_hash: int) -> None:
-        self.hashes.append(unit_hash)
-        self.numbers.append(is_specific_number(unit.text))
-        self.starts.append(unit.start)
-        self.ends.append(unit.end)
-        self.weights.append(unit.weight)
-        self.cumulative.append(self.cumulative[-1] + unit.weight)
+    def add_units(self, batch: UnitBatch, hasher: Hasher) -> tuple[int, list[int]]:
+        """Append a batch of units; return the index of the first k-gram they complete
+        and the fingerprints of the k-grams they complete, in order."""
+        hashes = self.hashes
+        before = len(hashes)
+        hashes.extend(hasher.units(batch.texts))
+        self.numbers.extend(map(is_specific_number, batch.texts))
+        self.starts.extend(batch.starts)
+        self.ends.extend(batch.ends)
+        self.weights.extend(batch.weights)
+        # accumulate yields the running total first: it is already the last entry
+        self.cumulative.extend(
+            islice(accumulate(batch.weights, initial=self.cumulative[-1]), 1, None)
+        )
+        first = max(0, before - hasher.k + 1)
+        return first, hasher.kgrams_of_hashes(hashes[first:])
 
     def distinct(self, i: int) -> bool:
-        """Unit ``i`` is a specific number or a word few tenants use."""
-        return self.numbers[i] or not self.vocabulary.is_plain(self.hashes[i])
+        """Unit ``i`` is a specific number or a word few tenants use, and not one the
+        victim's own prompt holds (two tenants' code from the same template differs by
+        the names each one gave it)."""
+        unit = self.hashes[i]
+        return unit not in self.own_units and (
+            self.numbers[i] or not self.vocabulary.is_plain(unit)
+        )
 
     def distinctive(self, start: int, stop: int) -> bool:
         return any(self.distinct(i) for i in range(start, stop))

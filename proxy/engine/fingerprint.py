@@ -15,7 +15,8 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+
+import numpy as np
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x9E3779B97F4A7C15  # odd 64-bit multiplier: position-sensitive combining
@@ -27,6 +28,18 @@ def _mix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
     return x ^ (x >> 31)
+
+
+def _mix64_array(x: np.ndarray) -> np.ndarray:
+    """``_mix64`` of every element (uint64 arithmetic wraps like the masked ints)."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+#: Below this many k-grams, Python ints beat numpy's per-call overhead.
+_SCALAR_KGRAMS = 8
 
 
 class Hasher:
@@ -54,6 +67,11 @@ class Hasher:
             h = self._cache[text] = int.from_bytes(digest, "little")
         return h
 
+    def units(self, texts: Iterable[str]) -> list[int]:
+        """``unit`` of each text: the cache answers the common words."""
+        get = self._cache.get
+        return [h if (h := get(t)) is not None else self.unit(t) for t in texts]
+
     def kgram(self, unit_hashes: Iterable[int]) -> int:
         h = 0
         for u in unit_hashes:
@@ -66,35 +84,24 @@ class Hasher:
 
     def kgrams(self, units: Sequence[str]) -> list[int]:
         """Fingerprints of every k-gram of a complete unit sequence, in order."""
-        hashes = [self.unit(u) for u in units]
+        return self.kgrams_of_hashes(self.units(units))
+
+    def kgrams_of_hashes(self, hashes: Sequence[int]) -> list[int]:
+        """Fingerprints of every k-gram of a sequence of unit hashes, in order: ``kgram``
+        of each window, computed for all windows at once when there are many."""
         k = self.k
-        return [self.kgram(hashes[i : i + k]) for i in range(len(hashes) - k + 1)]
-
-
-@dataclass(slots=True)
-class KGram:
-    """A k-gram completed by the latest unit: ``index`` of its first unit."""
-
-    index: int
-    fingerprint: int
-
-
-class StreamShingler:
-    """Emits each k-gram as soon as its last unit arrives."""
-
-    __slots__ = ("_hasher", "_window", "_count")
-
-    def __init__(self, hasher: Hasher) -> None:
-        self._hasher = hasher
-        self._window: deque[int] = deque(maxlen=hasher.k)
-        self._count = 0
-
-    def push(self, unit_text: str) -> KGram | None:
-        self._window.append(self._hasher.unit(unit_text))
-        self._count += 1
-        if len(self._window) < self._hasher.k:
-            return None
-        return KGram(self._count - self._hasher.k, self._hasher.kgram(self._window))
+        n = len(hashes) - k + 1
+        if n <= 0:
+            return []
+        if n <= _SCALAR_KGRAMS:
+            return [self.kgram(hashes[i : i + k]) for i in range(n)]
+        units = np.array(hashes, dtype=np.uint64)
+        combined = np.zeros(n, dtype=np.uint64)
+        prime = np.uint64(_PRIME)
+        with np.errstate(over="ignore"):
+            for j in range(k):
+                combined = combined * prime + units[j : j + n]
+        return _mix64_array(combined).tolist()
 
 
 def winnow(fingerprints: Sequence[int], w: int) -> list[tuple[int, int]]:
@@ -126,31 +133,31 @@ class StreamWinnower:
     """Winnowing over a stream of fingerprints; same selection as ``winnow``
     for the windows it has seen (a short stream's minimum comes out in ``flush``)."""
 
-    __slots__ = ("_w", "_window", "_seen", "_last")
+    __slots__ = ("w", "_window", "_seen", "_last")
 
     def __init__(self, w: int) -> None:
-        self._w = w
+        self.w = w
         self._window: deque[tuple[int, int]] = deque()
         self._seen = 0
         self._last = -1
 
     def push(self, index: int, fp: int) -> tuple[int, int] | None:
-        if self._w <= 1:
+        if self.w <= 1:
             return (index, fp)
         window = self._window
         while window and window[-1][1] >= fp:
             window.pop()
         window.append((index, fp))
         self._seen += 1
-        if window[0][0] <= index - self._w:
+        if window[0][0] <= index - self.w:
             window.popleft()
-        if self._seen >= self._w and window[0][0] != self._last:
+        if self._seen >= self.w and window[0][0] != self._last:
             self._last = window[0][0]
             return window[0]
         return None
 
     def flush(self) -> tuple[int, int] | None:
-        if self._w > 1 and 0 < self._seen < self._w and self._window:
+        if self.w > 1 and 0 < self._seen < self.w and self._window:
             self._last = self._window[0][0]
             return self._window[0]
         return None

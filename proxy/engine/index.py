@@ -13,7 +13,7 @@ boilerplate) becomes common and stops counting as anyone's private text.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,6 +108,12 @@ class FingerprintIndex:
         self._hot_newest = now
         if self._hot_count >= self.freeze_size:
             self._freeze()
+
+    def add_many(self, fingerprints: Iterable[int], value: int, now: float) -> None:
+        """``add`` of each fingerprint with the same value."""
+        add = self.add
+        for fp in fingerprints:
+            add(fp, value, now)
 
     def lookup(self, fingerprints: Sequence[int]) -> list[tuple[int, ...]]:
         """Values for each fingerprint, in order (empty tuple when unknown)."""
@@ -250,7 +256,7 @@ class CommonnessSketch:
                 min(flat[row * width + slot] for row, slot in enumerate(self._slots_of(int(fp))))
                 for fp in fingerprints
             ]
-        array = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
+        array = np.asarray(fingerprints, dtype=np.uint64)
         return self._counts[self._rows, self._slots(array)].min(axis=0).tolist()
 
     def increment(self, fingerprints: Sequence[int], now: float) -> None:
@@ -265,8 +271,7 @@ class CommonnessSketch:
                     if flat[i] < 65535:
                         flat[i] += 1
             return
-        array = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
-        slots = self._slots(array)
+        slots = self._slots(np.asarray(fingerprints, dtype=np.uint64))
         current = self._counts[self._rows, slots]
         self._counts[self._rows, slots] = np.minimum(current.astype(np.uint32) + 1, 65535)
 
@@ -309,12 +314,25 @@ class PairFilter:
     def nbytes(self) -> int:
         return sum(len(g) for g in self.generations)
 
+    _STEP = 0xC2B2AE3D27D4EB4F
+    _MULTIPLIER = 0x9E3779B97F4A7C15
+
     def _positions(self, pair: int) -> list[int]:
         shift = 64 - self._bits
         return [
-            (((pair + i * 0xC2B2AE3D27D4EB4F) * 0x9E3779B97F4A7C15) & _MASK64) >> shift
+            (((pair + i * self._STEP) * self._MULTIPLIER) & _MASK64) >> shift
             for i in range(self.HASHES)
         ]
+
+    def _position_arrays(self, pairs: np.ndarray) -> list[np.ndarray]:
+        """``_positions`` of every pair, as arrays (uint64 arithmetic wraps alike)."""
+        shift = np.uint64(64 - self._bits)
+        with np.errstate(over="ignore"):
+            return [
+                ((pairs + np.uint64((i * self._STEP) & _MASK64)) * np.uint64(self._MULTIPLIER))
+                >> shift
+                for i in range(self.HASHES)
+            ]
 
     def add_new(self, tenant_key: int, fingerprint: int, now: float) -> bool:
         """Record the pair; True if it was not already there."""
@@ -327,6 +345,33 @@ class PairFilter:
         for p in positions:
             current[p >> 3] |= 1 << (p & 7)
         return True
+
+    def first_seen(self, tenant_key: int, fingerprints: Sequence[int], now: float) -> list[int]:
+        """Record every (tenant, fingerprint) pair; return the distinct fingerprints whose
+        pair was not there yet. Many at once go through numpy, a few through ``add_new``."""
+        self._rotate(now)
+        distinct = list(dict.fromkeys(fingerprints))
+        if len(distinct) <= _SCALAR_BATCH:
+            return [fp for fp in distinct if self.add_new(tenant_key, fp, now)]
+        fps = np.array(distinct, dtype=np.uint64)
+        positions = self._position_arrays(fps ^ np.uint64(tenant_key))
+        seen = np.zeros(len(fps), dtype=bool)
+        for generation in self.generations:
+            bits = np.frombuffer(generation, dtype=np.uint8)
+            present = np.ones(len(fps), dtype=bool)
+            for p in positions:
+                present &= (bits[p >> np.uint64(3)] >> (p & np.uint64(7)).astype(np.uint8)) & 1 == 1
+            seen |= present
+        new = ~seen
+        current = np.frombuffer(self.generations[0], dtype=np.uint8)
+        for p in positions:
+            chosen = p[new]
+            np.bitwise_or.at(
+                current,
+                (chosen >> np.uint64(3)).astype(np.intp),
+                np.left_shift(1, (chosen & np.uint64(7)).astype(np.uint8)).astype(np.uint8),
+            )
+        return fps[new].tolist()
 
     def _rotate(self, now: float) -> None:
         if self._started is None:

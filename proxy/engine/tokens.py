@@ -30,6 +30,15 @@ _NO_SPACE_RANGES = (
     "\uff66-\uff9f"  # half-width Katakana
 )
 _UNIT_RE = re.compile(rf"([{_NO_SPACE_RANGES}])|[^\W_{_NO_SPACE_RANGES}]+")
+_ASCII_UNIT_RE = re.compile(r"[^\W_]+", re.ASCII)
+# Non-ASCII punctuation that models write in English text (curly quotes, dashes,
+# ellipsis, no-break and zero-width spaces). It separates units like any punctuation,
+# so turning it into a space changes no unit and lets such text take the ASCII path.
+_SEPARATORS = str.maketrans(
+    dict.fromkeys(
+        "\u00a0\u00ab\u00bb\u00b7\u200b\u2013\u2014\u2018\u2019\u201c\u201d\u2022\u2026", " "
+    )
+)
 
 #: Weight of a unit in "word" terms, doubled to stay integral: a character of a script
 #: without spaces carries about half a word of information.
@@ -56,17 +65,53 @@ def normalise(token: str) -> str:
 
 def units_of(text: str, offset: int = 0) -> list[Unit]:
     """All units of a complete text (a prompt, or a finished output)."""
-    return [_unit(m, offset) for m in _UNIT_RE.finditer(text)]
+    return unit_batch(text, offset).units()
 
 
 def unit_texts(text: str) -> list[str]:
-    """The normalised units of ``text`` without offsets: the fast path for prompts."""
-    return [normalise(m.group(0)) for m in _UNIT_RE.finditer(text)]
+    """The normalised units of ``text`` without offsets: the fast path for whole texts.
+
+    Text that is ASCII once common punctuation is set aside (most English and code) is
+    lowercased and split in one pass each, in C; other text goes unit by unit.
+    """
+    if not text.isascii():
+        ascii_text = text.translate(_SEPARATORS)
+        if not ascii_text.isascii():
+            return [normalise(m.group(0)) for m in _UNIT_RE.finditer(text)]
+        text = ascii_text
+    return _ASCII_UNIT_RE.findall(text.lower())
 
 
-def _unit(match: re.Match[str], offset: int) -> Unit:
-    weight = CHAR_WEIGHT if match.group(1) else WORD_WEIGHT
-    return Unit(normalise(match.group(0)), offset + match.start(), offset + match.end(), weight)
+@dataclass(slots=True)
+class UnitBatch:
+    """Units in columns (cheaper than one ``Unit`` object each on the hot path)."""
+
+    texts: list[str]
+    starts: list[int]
+    ends: list[int]
+    weights: list[int]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def units(self) -> list[Unit]:
+        return list(map(Unit, self.texts, self.starts, self.ends, self.weights))
+
+
+def unit_batch(text: str, offset: int = 0) -> UnitBatch:
+    """All units of ``text`` in columns, offsets shifted by ``offset``."""
+    if text.isascii():
+        # ASCII lowercasing keeps offsets and no unit is a single-character script.
+        matches = list(_ASCII_UNIT_RE.finditer(text.lower()))
+        texts = [m.group() for m in matches]
+        weights = [WORD_WEIGHT] * len(matches)
+    else:
+        matches = list(_UNIT_RE.finditer(text))
+        texts = [normalise(m.group()) for m in matches]
+        weights = [CHAR_WEIGHT if m.group(1) else WORD_WEIGHT for m in matches]
+    starts = [m.start() + offset for m in matches]
+    ends = [m.end() + offset for m in matches]
+    return UnitBatch(texts, starts, ends, weights)
 
 
 class StreamTokenizer:
@@ -84,21 +129,23 @@ class StreamTokenizer:
         self._pending_at = 0
         self._consumed = 0
 
-    def feed(self, delta: str) -> list[Unit]:
+    def feed(self, delta: str) -> UnitBatch:
         if not delta:
-            return []
+            return UnitBatch([], [], [], [])
         text = self._pending + delta
         base = self._pending_at
         self._consumed += len(delta)
-        units = [_unit(m, base) for m in _UNIT_RE.finditer(text)]
+        batch = unit_batch(text, base)
         self._pending, self._pending_at = "", self._consumed
-        if units and units[-1].end == self._consumed and units[-1].weight == WORD_WEIGHT:
-            last = units.pop()
-            self._pending = text[last.start - base :]
-            self._pending_at = last.start
-        return units
+        if batch.texts and batch.ends[-1] == self._consumed and batch.weights[-1] == WORD_WEIGHT:
+            start = batch.starts.pop()
+            for column in (batch.texts, batch.ends, batch.weights):
+                column.pop()
+            self._pending = text[start - base :]
+            self._pending_at = start
+        return batch
 
-    def flush(self) -> list[Unit]:
+    def flush(self) -> UnitBatch:
         text, base = self._pending, self._pending_at
         self._pending, self._pending_at = "", self._consumed
-        return units_of(text, base)
+        return unit_batch(text, base)
