@@ -657,8 +657,8 @@ def test_index_and_sketch_store_no_text():
                 for encoding in ("utf-8", "utf-16-le", "utf-32-le"):
                     assert variant.encode(encoding) not in blob, (type(part), variant)
     for leaf in _leaves(engine.index):
-        # bytes: the generations' bitmaps of hash buckets
-        assert isinstance(leaf, int | float | np.ndarray | bytes), type(leaf)
+        # bytes, bytearray: bitmaps of hash buckets
+        assert isinstance(leaf, int | float | np.ndarray | bytes | bytearray), type(leaf)
         if isinstance(leaf, np.ndarray):
             assert leaf.dtype.kind in "ui", leaf.dtype
     for leaf in _leaves(engine.sketch):

@@ -21,6 +21,7 @@ import numpy as np
 _EMPTY: tuple[int, ...] = ()
 _MASK64 = (1 << 64) - 1
 _SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call overhead
+_ANY_BITS = 24  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
 
 
 @dataclass(slots=True)
@@ -77,6 +78,9 @@ class FingerprintIndex:
         self._hot_count = 0
         self._hot_newest = 0.0
         self._generations: list[_Generation] = []  # oldest first
+        # One bit per top-bits bucket of every frozen key: most fingerprints of a stream
+        # are new, and one test here spares the test of each generation's own bitmap.
+        self._any = bytearray(1 << (_ANY_BITS - 3))
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -86,7 +90,7 @@ class FingerprintIndex:
     def nbytes(self) -> int:
         """Approximate memory held: numpy buffers plus ~100 bytes per hot entry."""
         frozen = sum(g.keys.nbytes + g.values.nbytes + len(g.bitmap) for g in self._generations)
-        return frozen + 100 * self._hot_count
+        return frozen + len(self._any) + 100 * self._hot_count
 
     def add(self, fingerprint: int, value: int, now: float) -> None:
         hot = self._hot
@@ -127,7 +131,11 @@ class FingerprintIndex:
         if len(fingerprints) <= _SCALAR_BATCH:
             # A few fingerprints (one SSE delta): the bitmaps answer most of them
             # without a numpy call.
+            any_bits, shift = self._any, 64 - _ANY_BITS
             for i, fp in enumerate(fingerprints):
+                bucket = fp >> shift
+                if not any_bits[bucket >> 3] >> (bucket & 7) & 1:
+                    continue
                 for gen in self._generations:
                     if gen.may_hold(fp) and (found := gen.values_of(fp)):
                         result[i] = result[i] + found
@@ -149,6 +157,8 @@ class FingerprintIndex:
         dropped = 0
         while self._generations and self._generations[0].newest < older_than:
             dropped += len(self._generations.pop(0).keys)
+        if dropped:
+            self._rebuild_any()
         if self._hot and self._hot_newest < older_than:
             dropped += self._hot_count
             self._hot.clear()
@@ -173,11 +183,26 @@ class FingerprintIndex:
         )
         self._hot = {}
         self._hot_count = 0
+        self._mark_any(self._generations[-1].keys)
         self._compact()
 
+    def _mark_any(self, keys: np.ndarray) -> None:
+        buckets = (keys >> np.uint64(64 - _ANY_BITS)).astype(np.intp)
+        bits = np.frombuffer(self._any, dtype=np.uint8)
+        np.bitwise_or.at(bits, buckets >> 3, np.left_shift(1, buckets & 7).astype(np.uint8))
+
+    def _rebuild_any(self) -> None:
+        self._any = bytearray(len(self._any))
+        for gen in self._generations:
+            self._mark_any(gen.keys)
+
     def _compact(self) -> None:
+        capped = False
         while len(self) > self.max_fingerprints and self._generations:
             self.evicted += len(self._generations.pop(0).keys)
+            capped = True
+        if capped:
+            self._rebuild_any()
         while len(self._generations) > self.max_generations:
             sizes = [
                 len(a.keys) + len(b.keys)
