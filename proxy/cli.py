@@ -12,6 +12,10 @@ from . import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run the proxy (in front of the simulator by default)", "proxy.commands.run"),
     "sim": ("run the simulated LLM engine", "proxy.sim.server"),
+    "audit": (
+        "identify the engine and check it against isolation advisories",
+        "proxy.commands.audit",
+    ),
 }
 
 
