@@ -31,10 +31,11 @@ from itertools import accumulate, islice
 
 import numpy as np
 
-from .entities import EntityIndex, EntityScanner, fold, iter_entity_keys
+from .entities import EntityIndex, EntityScanner, extract_entities, fold, iter_entity_keys
 from .fingerprint import Hasher, StreamWinnower, winnow
 from .index import CommonnessSketch, FingerprintIndex, PairFilter
-from .tokens import StreamTokenizer, UnitBatch, unit_texts
+from .records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
+from .tokens import StreamTokenizer, unit_texts
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
 
@@ -139,6 +140,9 @@ class Engine:
         self._order: deque[int] = deque()  # slots by time, for expiry
         self._next_slot = 1
         self._last_sweep = 0.0
+        #: Orders prompts and feeds across concurrent scans (see ``records``).
+        self.sequence = 0
+        self._in_flight: dict[int, int] = {}  # slot -> sequence number of its prompt
         #: Requests this engine learned from (loaded state included): how much it knows
         #: about what is common. A policy can wait for enough before blocking.
         self.observed_requests = 0
@@ -159,12 +163,33 @@ class Engine:
         hashes = self.hasher.units(unit_texts(text))
         self.baseline.update(self.hasher.kgrams_of_hashes(hashes))
         self.vocabulary.add_plain(hashes)
-        self._baseline_entities.update(key for _, key in iter_entity_keys(text))
+        self._baseline_entities.update(self.entity_id(key) for _, key in iter_entity_keys(text))
 
-    def register_canary(self, tenant: str, canary: str) -> None:
+    def entity_id(self, folded: str) -> str:
+        """An entity's id: the keyed hash of its folded text (also its evidence)."""
+        return self.hasher.digest(folded.encode())
+
+    def tick(self) -> int:
+        self.sequence += 1
+        return self.sequence
+
+    def low_water(self) -> int:
+        """Every sequence number below this belongs to a finished scan or a prompt."""
+        return min(self._in_flight.values(), default=self.sequence + 1)
+
+    def register_canary(self, tenant: str, canary: str) -> CanaryRecord:
         """A string only ``tenant`` uses; seen anywhere else it is a certain leak."""
-        slot = self._new_slot(tenant, f"canary:{self.hasher.digest(canary.encode())}", 0.0)
-        self.entities.add(fold(canary), CANARY, tenant, slot << 1, 0.0, pin=True)
+        key = fold(canary)
+        record = CanaryRecord(tenant, self.entity_id(key), seq=self.tick())
+        self.ingest_canary(record, text=key)
+        return record
+
+    def ingest_canary(self, record: CanaryRecord, *, text: str | None = None) -> None:
+        """A canary registered elsewhere (known by id: found in outputs by extraction)."""
+        slot = self._new_slot(record.tenant, f"canary:{record.entity_id}", 0.0)
+        self.entities.add(
+            record.entity_id, CANARY, record.tenant, slot << 1, 0.0, text=text, pin=True
+        )
 
     def observe_prompt(
         self,
@@ -180,33 +205,72 @@ class Engine:
         ``model_text`` is the part of ``text`` a model wrote (earlier assistant turns of a
         conversation): it is indexed like an output, so its boilerplate is judged as a
         model's, not as a user's words. Call before the request goes upstream: a page of
-        this prompt can leak into a response that is already streaming.
+        this prompt can leak into a response that is already streaming. The scan's
+        ``prompt`` is what was learned, in keyed form (for a journal or other replicas).
         """
         now = time.time() if now is None else now
+        hashes = self.hasher.units(unit_texts(text))
+        model_hashes = self.hasher.units(unit_texts(model_text)) if model_text else []
+        texts: dict[str, str] = {}
+        entities: list[tuple[str, str]] = []
+        if self.config.entities:
+            for kind, key in iter_entity_keys(text):
+                entity_id = self.entity_id(key)
+                texts[entity_id] = key
+                entities.append((kind, entity_id))
+        seq = self.tick()
+        record = PromptRecord(
+            tenant,
+            request_id,
+            now,
+            np.array(hashes, dtype=np.uint64),
+            np.array(model_hashes, dtype=np.uint64),
+            tuple(entities),
+            seq,
+            min(self.low_water(), seq),
+        )
+        scan = self._observe(record, hashes, model_hashes, texts)
+        self._in_flight[scan.slot] = seq
+        return scan
+
+    def ingest_prompt(self, record: PromptRecord) -> ResponseScan:
+        """``observe_prompt`` from a record: the same state as if the text had been seen
+        (entities are then known by id only)."""
+        return self._observe(record, record.units.tolist(), record.model_units.tolist(), {})
+
+    def _observe(
+        self,
+        record: PromptRecord,
+        hashes: list[int],
+        model_hashes: list[int],
+        entity_texts: dict[str, str],
+    ) -> ResponseScan:
+        tenant, now = record.tenant, record.time
         self._sweep(now)
         self.observed_requests += 1
-        units = unit_texts(text)
-        hashes = self.hasher.units(units)
         self.vocabulary.learn(tenant, hashes)
         fps = self.hasher.kgrams_of_hashes(hashes)
         is_private, _ = self._learn(tenant, fps, now)
         private = [fp for fp, keep in zip(fps, is_private, strict=True) if keep]
-        model_fps = set(self.hasher.kgrams(unit_texts(model_text)))
+        model_fps = set(self.hasher.kgrams_of_hashes(model_hashes))
         signature = np.unique(np.array(private, dtype=np.uint64))
         slot = self._new_slot(
             tenant,
-            request_id,
+            record.request_id,
             now,
             # a copy: a slice would keep the whole array alive
             signature=signature[: self.config.prompt_signature_size].copy(),
-            digest=self.hasher.digest(" ".join(units).encode()).encode(),
+            digest=self.hasher.digest(record.units.tobytes()).encode(),
         )
         value = slot << 1
         for _, fp in winnow(private, self.config.winnow_window):
             self.index.add(fp, value | (fp in model_fps), now)
-        if self.config.entities:
-            self._add_entities(text, tenant, value, now)
-        return ResponseScan(self, tenant, request_id, slot, now, own_units=frozenset(hashes))
+        for kind, entity_id in record.entities:
+            if entity_id not in self._baseline_entities:
+                self.entities.add(
+                    entity_id, kind, tenant, value, now, text=entity_texts.get(entity_id)
+                )
+        return ResponseScan(self, record, slot)
 
     # -- internals shared with ResponseScan -----------------------------------------
 
@@ -270,13 +334,6 @@ class Engine:
         self._order.append(slot)
         return slot
 
-    def _add_entities(
-        self, text: str, tenant: str, value: int, now: float, skip: set[str] = frozenset()
-    ) -> None:
-        for kind, key in iter_entity_keys(text):
-            if key not in self._baseline_entities and key not in skip:
-                self.entities.add(key, kind, tenant, value, now)
-
     def _sweep(self, now: float) -> None:
         if now - self._last_sweep < 1.0:
             return
@@ -286,6 +343,7 @@ class Engine:
             slot = self._order.popleft()
             if not self._requests[slot].request_id.startswith("canary:"):
                 del self._requests[slot]
+                self._in_flight.pop(slot, None)  # never finished
             else:
                 self._order.append(slot)
                 if all(r.request_id.startswith("canary:") for r in self._requests.values()):
@@ -357,41 +415,42 @@ class ResponseScan:
     """Scans one response, delta by delta, per choice. Also records the response's
     own output as a source for later responses (outputs leak as well as prompts)."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        tenant: str,
-        request_id: str,
-        slot: int,
-        now: float,
-        *,
-        own_units: frozenset[int] = frozenset(),
-    ):
+    def __init__(self, engine: Engine, prompt: PromptRecord, slot: int):
         self.engine = engine
+        #: The request's prompt as the engine learned it (keyed; no text).
+        self.prompt = prompt
+        self.tenant = prompt.tenant
+        self.request_id = prompt.request_id
         #: Unit hashes of this request's own prompt: a name or number the victim wrote
         #: itself explains its answer, so it does not make a foreign match distinctive.
-        self.own_units = own_units
-        self.tenant = tenant
-        self.request_id = request_id
+        self.own_units = frozenset(prompt.units.tolist())
         self.slot = slot
         self.findings: list[Finding] = []
         self._choices: dict[int, _ChoiceState] = {}
-        self._now = now
+        self._now = prompt.time
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
-        self._foreign_entities: set[str] = set()  # keys found here that are not ours
+        self._foreign_entities: set[str] = set()  # ids found here that are not ours
         self.finished = False
 
     def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list[Finding]:
         """Scan one output delta; returns the findings it completed."""
         if now is not None:
             self._now = now
-        state = self._choices.get(choice)
-        if state is None:
-            state = self._choices[choice] = _ChoiceState(self.engine, self.own_units)
-        found = self._scan_units(state, choice, state.tokenizer.feed(delta))
+        state = self._state(choice)
+        batch = state.tokenizer.feed(delta)
+        texts = batch.texts
+        hashes = self.engine.hasher.units(texts)
+        numbers = list(map(is_specific_number, texts))
+        found = self._scan_units(
+            state, choice, hashes, numbers, batch.starts, batch.ends, batch.weights
+        )
         if state.entities is not None:
             self.engine.entities.maybe_rebuild()
-            found += self._entity_findings(state, choice, state.entities.feed(delta))
+            matches = state.entities.feed(delta)
+            state.matches.extend((*m, len(state.batches)) for m in matches)
+            found += self._entity_findings(choice, matches)
+        state.batches.append(len(state.hashes))
+        state.seqs.append(self.engine.tick())
         return found
 
     def finish(self, now: float | None = None) -> list[Finding]:
@@ -399,24 +458,112 @@ class ResponseScan:
         entities. Returns the findings completed by the end."""
         if self.finished:
             return []
-        self.finished = True
         if now is not None:
             self._now = now
         found: list[Finding] = []
+        seq = self.engine.tick()
         for choice, state in self._choices.items():
-            found += self._scan_units(state, choice, state.tokenizer.flush(), final=True)
-            self.engine.vocabulary.learn(self.tenant, state.hashes)
+            batch = state.tokenizer.flush()
+            hashes = self.engine.hasher.units(batch.texts)
+            numbers = list(map(is_specific_number, batch.texts))
+            found += self._scan_units(
+                state, choice, hashes, numbers, batch.starts, batch.ends, batch.weights, final=True
+            )
             if state.entities is not None:
-                found += self._entity_findings(state, choice, state.entities.finish())
-                output_value = (self.slot << 1) | 1
-                self.engine._add_entities(
-                    state.entities.raw_text,
-                    self.tenant,
-                    output_value,
-                    self._now,
-                    skip=self._foreign_entities,
-                )
+                matches = state.entities.finish()
+                state.matches.extend((*m, len(state.batches)) for m in matches)
+                found += self._entity_findings(choice, matches)
+                raw = state.entities.raw_text
+                state.chars = len(raw)
+                engine = self.engine
+                for e in extract_entities(raw):
+                    key = fold(e.text)
+                    entity_id = engine.entity_id(key)
+                    state.extracted.append((e.kind, entity_id, e.start, e.end))
+                    state.texts[entity_id] = key
+            state.batches.append(len(state.hashes))
+            state.seqs.append(seq)
+            found += self._finish_choice(state, choice)
+        self.finished = True
+        self.engine._in_flight.pop(self.slot, None)
         return found
+
+    def _finish_choice(self, state: _ChoiceState, choice: int) -> list[Finding]:
+        """What the end of a choice teaches the engine: its words, and its entities (an
+        entity another request owns is a finding; the others become this output's)."""
+        engine = self.engine
+        engine.vocabulary.learn(self.tenant, state.hashes)
+        found = self._entity_findings(choice, [(s, e, i) for _, i, s, e in state.extracted])
+        output_value = (self.slot << 1) | 1
+        for kind, entity_id, _, _ in state.extracted:
+            if entity_id in self._foreign_entities or entity_id in engine._baseline_entities:
+                continue
+            engine.entities.add(
+                entity_id,
+                kind,
+                self.tenant,
+                output_value,
+                self._now,
+                text=state.texts.get(entity_id),
+            )
+        return found
+
+    def record(self) -> OutputRecord:
+        """The finished output in keyed form: what ``replay`` needs to make the same
+        findings and leave the engine in the same state. Call after ``finish``."""
+        choices = tuple(
+            ChoiceRecord(
+                choice,
+                np.array(state.hashes, dtype=np.uint64),
+                np.array(state.weights, dtype=np.uint8),
+                np.array(state.numbers, dtype=bool),
+                np.array(state.starts, dtype=np.uint32),
+                np.array(state.ends, dtype=np.uint32),
+                np.array(state.batches, dtype=np.uint32),
+                np.array(state.seqs, dtype=np.uint64),
+                tuple(state.matches),
+                tuple(state.extracted),
+                state.chars,
+            )
+            for choice, state in sorted(self._choices.items())
+        )
+        return OutputRecord(
+            self.tenant,
+            self.request_id,
+            self._now,
+            choices,
+            self.engine.low_water(),
+            self.prompt.seq,
+        )
+
+    def replay_step(self, record: OutputRecord, choice: ChoiceRecord, i: int) -> list[Finding]:
+        """Run feed ``i`` of a recorded choice as the live scan ran it (the last one is
+        the finish). Steps of one choice must run in order; ``RecordReplayer`` runs all
+        records' steps in the live order."""
+        self._now = record.time
+        state = self._state(choice.choice)
+        begin = int(choice.batches[i - 1]) if i else 0
+        stop = int(choice.batches[i])
+        columns = (choice.units, choice.numbers, choice.starts, choice.ends, choice.weights)
+        last = i == len(choice.batches) - 1
+        found = self._scan_units(
+            state, choice.choice, *(c[begin:stop].tolist() for c in columns), final=last
+        )
+        matches = [(s, e, entity_id) for s, e, entity_id, feed in choice.matches if feed == i]
+        found += self._entity_findings(choice.choice, matches)
+        if last:
+            state.extracted = list(choice.extracted)
+            state.chars = choice.chars
+            found += self._finish_choice(state, choice.choice)
+            state.finished = True
+            self.finished = all(s.finished for s in self._choices.values())
+        return found
+
+    def _state(self, choice: int) -> _ChoiceState:
+        state = self._choices.get(choice)
+        if state is None:
+            state = self._choices[choice] = _ChoiceState(self.engine, self.own_units)
+        return state
 
     @property
     def output_words(self) -> float:
@@ -427,10 +574,20 @@ class ResponseScan:
     # -- fragments -----------------------------------------------------------------
 
     def _scan_units(
-        self, state: _ChoiceState, choice: int, batch: UnitBatch, *, final: bool = False
+        self,
+        state: _ChoiceState,
+        choice: int,
+        hashes: list[int],
+        numbers: list[bool],
+        starts: list[int],
+        ends: list[int],
+        weights: list[int],
+        *,
+        final: bool = False,
     ) -> list[Finding]:
         engine = self.engine
-        first, fps = state.add_units(batch, engine.hasher)
+        first, window = state.add_units(hashes, numbers, starts, ends, weights, engine.hasher.k)
+        fps = engine.hasher.kgrams_of_hashes(window)
         new = list(enumerate(fps, first))
         winnower = state.winnower
         selected = new if winnower.w <= 1 else [s for i, fp in new if (s := winnower.push(i, fp))]
@@ -546,15 +703,14 @@ class ResponseScan:
 
     # -- entities and canaries -------------------------------------------------------
 
-    def _entity_findings(
-        self, state: _ChoiceState, choice: int, matches: list[tuple[int, int, str]]
-    ) -> list[Finding]:
+    def _entity_findings(self, choice: int, matches: list[tuple[int, int, str]]) -> list[Finding]:
+        """Findings for entities met in this output, ``(start, end, entity id)``."""
         found = []
-        for start, end, key in matches:
-            owner = self.engine.entities.table.get(key)
+        for start, end, entity_id in matches:
+            owner = self.engine.entities.table.get(entity_id)
             if owner is None or self.tenant in owner.tenants:
                 continue
-            self._foreign_entities.add(key)
+            self._foreign_entities.add(entity_id)
             is_canary = owner.kind == CANARY
             if not is_canary and len(owner.tenants) >= self.engine.config.common_tenants:
                 continue
@@ -582,7 +738,7 @@ class ResponseScan:
                     start,
                     end,
                     choice,
-                    self.engine.hasher.digest(key.encode()),
+                    entity_id,
                     end,
                 )
             )
@@ -607,6 +763,13 @@ class _ChoiceState:
         "vocabulary",
         "own_units",
         "private_kgrams",
+        "batches",
+        "matches",
+        "extracted",
+        "texts",
+        "chars",
+        "seqs",
+        "finished",
     )
 
     def __init__(self, engine: Engine, own_units: frozenset[int] = frozenset()) -> None:
@@ -623,23 +786,37 @@ class _ChoiceState:
         self.vocabulary = engine.vocabulary
         self.own_units = own_units
         self.private_kgrams = 0  # k-grams of this output that are not common text
+        # For the keyed record: units scanned after each feed, entity matches with the
+        # feed they came in, entities extracted at the end (and their folded texts).
+        self.batches: list[int] = []
+        self.matches: list[tuple[int, int, str, int]] = []
+        self.extracted: list[tuple[str, str, int, int]] = []
+        self.texts: dict[str, str] = {}
+        self.chars = 0
+        self.seqs: list[int] = []
+        self.finished = False  # replay: its last step ran
 
-    def add_units(self, batch: UnitBatch, hasher: Hasher) -> tuple[int, list[int]]:
-        """Append a batch of units; return the index of the first k-gram they complete
-        and the fingerprints of the k-grams they complete, in order."""
-        hashes = self.hashes
-        before = len(hashes)
-        hashes.extend(hasher.units(batch.texts))
-        self.numbers.extend(map(is_specific_number, batch.texts))
-        self.starts.extend(batch.starts)
-        self.ends.extend(batch.ends)
-        self.weights.extend(batch.weights)
+    def add_units(
+        self,
+        hashes: list[int],
+        numbers: list[bool],
+        starts: list[int],
+        ends: list[int],
+        weights: list[int],
+        k: int,
+    ) -> tuple[int, list[int]]:
+        """Append a batch of units (in columns); return the index of the first k-gram
+        they complete and the unit hashes those k-grams span."""
+        before = len(self.hashes)
+        self.hashes.extend(hashes)
+        self.numbers.extend(numbers)
+        self.starts.extend(starts)
+        self.ends.extend(ends)
+        self.weights.extend(weights)
         # accumulate yields the running total first: it is already the last entry
-        self.cumulative.extend(
-            islice(accumulate(batch.weights, initial=self.cumulative[-1]), 1, None)
-        )
-        first = max(0, before - hasher.k + 1)
-        return first, hasher.kgrams_of_hashes(hashes[first:])
+        self.cumulative.extend(islice(accumulate(weights, initial=self.cumulative[-1]), 1, None))
+        first = max(0, before - k + 1)
+        return first, self.hashes[first:]
 
     def distinct(self, i: int) -> bool:
         """Unit ``i`` is a specific number or a word few tenants use, and not one the

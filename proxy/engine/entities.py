@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import ahocorasick
@@ -155,33 +155,52 @@ class EntityOwner:
 
 
 class EntityIndex:
-    """Live entities of the window, by lowercased text, with their owners."""
+    """Live entities of the window, by id (the keyed hash of the folded entity), with
+    their owners.
+
+    An entity seen in this process also has its folded text, which goes into the
+    automata that scan outputs; one known only by id (from a journal or another replica)
+    is matched by id, against the entities found in an output.
+    """
 
     def __init__(self, *, recent_max: int = 4096, rebuild_interval: float = 0.2) -> None:
         self.table: dict[str, EntityOwner] = {}
-        self._by_time: deque[tuple[float, str, str]] = deque()  # (time, key, tenant)
+        self._texts: dict[str, str] = {}  # id -> folded text, for the automata
+        self._by_time: deque[tuple[float, str, str]] = deque()  # (time, id, tenant)
         self.recent_max = recent_max
         self.rebuild_interval = rebuild_interval
         self.generation = 0
         self.base: ahocorasick.Automaton | None = None
         self.recent: ahocorasick.Automaton | None = None
-        self._recent_keys: list[str] = []
-        self.pending: list[str] = []
+        self._recent: list[tuple[str, str]] = []
+        self.pending: list[tuple[str, str]] = []  # (id, text) not in an automaton yet
         self._last_rebuild = 0.0
         self.longest = MIN_ENTITY_CHARS
 
-    def add(self, key: str, kind: str, tenant: str, value: int, now: float, *, pin: bool = False):
-        if _ASTRAL.search(key):
-            return
-        owner = self.table.get(key)
+    def add(
+        self,
+        entity_id: str,
+        kind: str,
+        tenant: str,
+        value: int,
+        now: float,
+        *,
+        text: str | None = None,
+        pin: bool = False,
+    ) -> None:
+        if text is not None and _ASTRAL.search(text):
+            text = None  # cannot go into an automaton (see _ASTRAL); matched by id only
+        owner = self.table.get(entity_id)
         if owner is None:
-            owner = self.table[key] = EntityOwner(kind)
-            self.pending.append(key)
-            self.longest = max(self.longest, len(key))
+            owner = self.table[entity_id] = EntityOwner(kind)
+        if text is not None and entity_id not in self._texts:
+            self._texts[entity_id] = text
+            self.pending.append((entity_id, text))
+            self.longest = max(self.longest, len(text))
         owner.tenants[tenant] = (value, now)
         owner.pinned |= pin
         if not owner.pinned:
-            self._by_time.append((now, key, tenant))
+            self._by_time.append((now, entity_id, tenant))
 
     def expire(self, older_than: float) -> int:
         """Forget uses older than ``older_than``, oldest first (amortised: each use is
@@ -191,15 +210,16 @@ class EntityIndex:
         dropped = 0
         queue = self._by_time
         while queue and queue[0][0] < older_than:
-            _, key, tenant = queue.popleft()
-            owner = self.table.get(key)
+            _, entity_id, tenant = queue.popleft()
+            owner = self.table.get(entity_id)
             if owner is None or owner.pinned:
                 continue
             use = owner.tenants.get(tenant)
             if use is not None and use[1] < older_than:  # not renewed since
                 del owner.tenants[tenant]
                 if not owner.tenants:
-                    del self.table[key]
+                    del self.table[entity_id]
+                    self._texts.pop(entity_id, None)
                     dropped += 1
         return dropped
 
@@ -211,24 +231,25 @@ class EntityIndex:
         if now - self._last_rebuild < self.rebuild_interval and len(self.pending) < 256:
             return
         self._last_rebuild = now
-        self._recent_keys.extend(self.pending)
+        self._recent.extend(self.pending)
         self.pending = []
-        if len(self._recent_keys) > self.recent_max:
-            self.base = _automaton(self.table)
-            self._recent_keys = []
+        if len(self._recent) > self.recent_max:
+            self.base = _automaton(self._texts.items())
+            self._recent = []
             self.recent = None
         else:
-            self.recent = _automaton(self._recent_keys)
+            self.recent = _automaton(self._recent)
         self.generation += 1
 
     def automata(self) -> list[ahocorasick.Automaton]:
         return [a for a in (self.base, self.recent) if a is not None]
 
 
-def _automaton(keys) -> ahocorasick.Automaton | None:
+def _automaton(entries: Iterable[tuple[str, str]]) -> ahocorasick.Automaton | None:
+    """An automaton over ``(id, text)`` entries; a match yields ``(id, text)``."""
     a = ahocorasick.Automaton()
-    for key in keys:
-        a.add_word(key, key)
+    for entity_id, text in entries:
+        a.add_word(text, (entity_id, text))
     if len(a) == 0:
         return None
     a.make_automaton()
@@ -255,7 +276,7 @@ class EntityScanner:
         self._tail = ""
         self._generation = -1
         self._iterators: list = []
-        self._undecided: list[tuple[int, str]] = []  # (end, key) awaiting the next char
+        self._undecided: list[tuple[int, str, str]] = []  # (end, id, text): next char?
         self._seen: set[tuple[int, str]] = set()
 
     @property
@@ -269,7 +290,7 @@ class EntityScanner:
         return "".join(self._raw)
 
     def feed(self, delta: str) -> list[tuple[int, int, str]]:
-        """Returns confirmed ``(start, end, key)`` matches, offsets into the stream."""
+        """Returns confirmed ``(start, end, entity id)`` matches, offsets into the stream."""
         self._raw.append(delta)
         delta = fold(delta)
         if not delta.isascii():
@@ -279,7 +300,7 @@ class EntityScanner:
         base = self._length
         self._text.append(delta)
         self._length += len(delta)
-        candidates: list[tuple[int, str]] = []
+        candidates: list[tuple[int, str, str]] = []
         if self._generation != self._index.generation:
             # Automata swapped: new iterators, primed with the tail so that an entity
             # cut by the swap is still found.
@@ -291,15 +312,19 @@ class EntityScanner:
                 it.set(delta, False)
         for it, origin in self._iterators:
             # A continued iterator counts positions over all the input it was given.
-            candidates.extend((origin + end + 1, key) for end, key in it if origin + end + 1 > base)
+            candidates.extend(
+                (origin + end + 1, entity_id, text)
+                for end, (entity_id, text) in it
+                if origin + end + 1 > base
+            )
         window = self._tail + delta
         window_base = base - len(self._tail)
-        for key in self._index.pending:
+        for entity_id, key in self._index.pending:
             start = window.find(key)
             while start != -1:
                 end = window_base + start + len(key)
                 if end > base:
-                    candidates.append((end, key))
+                    candidates.append((end, entity_id, key))
                 start = window.find(key, start + 1)
         self._tail = window[-(self._index.longest - 1) :] if self._index.longest > 1 else ""
         return self._confirm(candidates, final=False)
@@ -307,15 +332,17 @@ class EntityScanner:
     def finish(self) -> list[tuple[int, int, str]]:
         return self._confirm([], final=True)
 
-    def _confirm(self, new: list[tuple[int, str]], *, final: bool) -> list[tuple[int, int, str]]:
+    def _confirm(
+        self, new: list[tuple[int, str, str]], *, final: bool
+    ) -> list[tuple[int, int, str]]:
         text = None
         out: list[tuple[int, int, str]] = []
-        undecided: list[tuple[int, str]] = []
-        for end, key in self._undecided + new:
-            if (end, key) in self._seen:
+        undecided: list[tuple[int, str, str]] = []
+        for end, entity_id, key in self._undecided + new:
+            if (end, entity_id) in self._seen:
                 continue
             if end == self._length and not final and _word_char(key[-1]):
-                undecided.append((end, key))
+                undecided.append((end, entity_id, key))
                 continue
             if text is None:
                 text = self.text
@@ -326,8 +353,8 @@ class EntityScanner:
                 _word_char(key[-1]) and _word_char(after)
             ):
                 continue
-            self._seen.add((end, key))
-            out.append((start, end, key))
+            self._seen.add((end, entity_id))
+            out.append((start, end, entity_id))
         self._undecided = undecided
         return out
 

@@ -1,0 +1,96 @@
+"""Keyed records (proxy.engine.records): an engine that replays what another engine
+recorded, text-free, makes the same findings as the one that saw the text."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from proxy.engine import Engine, EngineConfig
+from proxy.engine.records import OutputRecord, PromptRecord
+from proxy.engine.replayer import replay
+from proxy.sim.faults import FaultInjector
+from proxy.sim.textgen import answer_for
+from proxy.sim.workload import Workload
+
+KEY = b"r" * 32
+
+
+def pieces(text: str, rng: random.Random) -> list[str]:
+    out, i = [], 0
+    while i < len(text):
+        n = rng.choice((1, 3, 5, 8, 13))
+        out.append(text[i : i + n])
+        i += n
+    return out
+
+
+def live_traffic(engine: Engine, n: int, seed: int = 5):
+    """Workload with fault injection, 4 streams at a time; returns the records in the
+    order the engine made them and every finding."""
+    rng = random.Random(seed)
+    workload = Workload(tenants=8, seed=seed)
+    injector = FaultInjector(0.3, seed=seed)
+    records: list[PromptRecord | OutputRecord] = []
+    findings = []
+    canary = engine.register_canary("tenant-03", "CANARY-zq81-VX72-LLPW")
+    clock = 1_000_000.0
+    requests = list(workload.requests(n))
+    for b in range(0, n, 4):
+        batch = []
+        for req in requests[b : b + 4]:
+            clock += 0.1
+            prompt = req.prompt_text()
+            answer, _ = injector.apply(req.tenant, req.request_id, prompt, answer_for(prompt))
+            if req.tenant == "tenant-05" and b % 40 == 0:
+                answer += " ref CANARY-zq81-VX72-LLPW"
+            scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=clock)
+            records.append(scan.prompt)
+            batch.append((req, scan, prompt, answer, pieces(answer, rng)))
+        for step in range(max(len(p) for *_, p in batch)):
+            for req, scan, _, _, ps in batch:
+                if step < len(ps):
+                    findings += [(req.request_id, f) for f in scan.feed(ps[step], now=clock)]
+        for req, scan, prompt, answer, _ in batch:
+            findings += [(req.request_id, f) for f in scan.finish(now=clock)]
+            records.append(scan.record())
+            injector.remember(req.tenant, req.request_id, prompt, answer)
+    return canary, records, findings
+
+
+def test_replayed_records_give_the_live_findings():
+    live = Engine(EngineConfig(key=KEY))
+    canary, records, live_findings = live_traffic(live, 400)
+    kinds = {f.kind for _, f in live_findings}
+    assert {"fragment", "entity", "canary"} <= kinds, kinds  # the test covers all three
+
+    replica = Engine(EngineConfig(key=KEY))
+    replayed = list(replay(replica, [canary, *records]))
+    assert [(f.request_id, f.finding) for f in replayed] == live_findings
+    assert replica.fingerprints == live.fingerprints
+    assert replica.observed_requests == live.observed_requests
+
+
+def test_records_hold_no_text():
+    engine = Engine(EngineConfig(key=KEY))
+    secret = "Kestrel Halvorsen QX7731 maria.jensen@example.org"
+    scan = engine.observe_prompt("A", "a-1", f"Please handle {secret} today", now=1.0)
+    scan.feed(f"Done: {secret}.")
+    scan.finish()
+    for record in (scan.prompt, scan.record()):
+        blob = repr(record).encode() + b"".join(
+            v.tobytes() for v in _arrays(record) if isinstance(v, np.ndarray)
+        )
+        for word in secret.split():
+            assert word.encode() not in blob and word.lower().encode() not in blob
+
+
+def _arrays(record):
+    for name in record.__slots__:
+        value = getattr(record, name)
+        if isinstance(value, tuple):
+            for item in value:
+                if hasattr(item, "__slots__"):
+                    yield from _arrays(item)
+        yield value
