@@ -12,6 +12,7 @@ from . import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run the proxy (in front of the simulator by default)", "proxy.commands.run"),
     "sim": ("run the simulated LLM engine", "proxy.sim.server"),
+    "replay": ("find leaks in captured traffic (flows, HAR, JSON lines)", "proxy.commands.replay"),
     "audit": (
         "identify the engine and check it against isolation advisories",
         "proxy.commands.audit",

@@ -15,6 +15,7 @@ from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
 from .addon import CrossTalk
+from .capture import capture_addons
 from .config import Config, ProxySection
 from .sim.server import SimConfig, start_sim
 
@@ -24,6 +25,7 @@ class RunRequest:
     config: Config
     config_path: str | None
     sim: SimConfig | None = None  # settings of the built-in simulator, if one is started
+    capture: str | None = None  # flow file the proxied traffic is appended to
 
 
 class _ReadyBanner:
@@ -65,6 +67,13 @@ Events (JSON lines) go to {events}. Ctrl-C stops.{hint}
 
 async def serve(request: RunRequest) -> int:
     cfg = request.config
+    capture = None
+    if request.capture:
+        try:
+            capture = capture_addons(request.capture)
+        except OSError as e:
+            print(f"crosstalk: cannot write --capture {request.capture}: {e}", file=sys.stderr)
+            return 2
     sim_runner = None
     upstream = cfg.proxy.upstream
     if not upstream:
@@ -76,7 +85,11 @@ async def serve(request: RunRequest) -> int:
         listen_port=cfg.proxy.listen_port,
     )
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    if capture is not None:
+        master.addons.add(capture[0])  # before CrossTalk: writes the upstream response
     master.addons.add(CrossTalk())
+    if capture is not None:
+        master.addons.add(capture[1])  # after CrossTalk: keeps the streamed bodies it scans
     try:
         master.options.update(
             crosstalk_config=request.config_path or "",

@@ -18,6 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning"))
     p.add_argument("--mode", choices=("shadow", "enforce"), help="default shadow")
     p.add_argument(
+        "--capture",
+        metavar="FILE",
+        help="append the proxied traffic to FILE as a mitmproxy flow file, streamed bodies "
+        "included, for `crosstalk replay`",
+    )
+    p.add_argument(
         "--sim-leak-rate",
         type=float,
         default=0.0,
@@ -52,4 +58,4 @@ def main(args: argparse.Namespace) -> int:
     sim = SimConfig(
         token_delay=args.sim_token_delay, leak_rate=args.sim_leak_rate, truth_path=args.sim_truth
     )
-    return asyncio.run(serve(RunRequest(config, args.config, sim)))
+    return asyncio.run(serve(RunRequest(config, args.config, sim, capture=args.capture)))

@@ -1,0 +1,93 @@
+"""``crosstalk replay FILE...``: find leaks after the fact in captured traffic.
+
+Exit status: 0 no leak found, 1 leaks found, 2 unusable arguments or unreadable input.
+The work is in ``proxy.forensics`` (job), ``proxy.replay`` (driver), ``proxy.readers``
+(formats) and ``proxy.report``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..config import ConfigError, load
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="mitmproxy flow files (mitmdump -w, crosstalk run --capture), HAR or crosstalk "
+        "JSON-lines exchanges; gzip allowed; merged in time order",
+    )
+    p.add_argument("--config", help="the TOML configuration the proxy ran with (tenant rules, key)")
+    p.add_argument(
+        "--window",
+        help="detection window for the replay: seconds, or 30m, 2h, 3d (default: the config's)",
+    )
+    p.add_argument("--log-file", help="JSON-lines event log (appended); default stderr")
+    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
+    p.add_argument("--report", metavar="PATH", help="incident report: .html, .md or .json")
+    p.add_argument(
+        "--state",
+        help="learned commonness to start from, read only (default: the config's "
+        "detection.state_file; 'none': a cold engine)",
+    )
+    p.add_argument(
+        "--format", dest="fmt", choices=("auto", "flows", "har", "jsonl"), default="auto"
+    )
+    p.add_argument(
+        "--sort-buffer",
+        type=int,
+        default=None,
+        metavar="N",
+        help="records sorted per file before the merge (default 4096): a file may be this "
+        "many records out of time order",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress line on a terminal")
+
+
+def main(args: argparse.Namespace) -> int:
+    from ..forensics import JobError, ReplayJob, parse_window, run_job
+    from ..replay import DEFAULT_SORT_BUFFER
+
+    try:
+        window = parse_window(args.window) if args.window else None
+        config = load(args.config, detection__window_seconds=window)
+    except (ValueError, ConfigError) as e:
+        print(f"crosstalk replay: {e}", file=sys.stderr)
+        return 2
+    if not config.detection.key:
+        print(
+            "crosstalk replay: warning: no detection.key in the config: evidence hashes and "
+            "API-key tenant names will not match the live proxy's log",
+            file=sys.stderr,
+        )
+    job = ReplayJob(
+        paths=args.files,
+        config=config,
+        log_file=args.log_file,
+        log_level=args.log_level,
+        report=args.report,
+        state=args.state,
+        sort_buffer=args.sort_buffer if args.sort_buffer is not None else DEFAULT_SORT_BUFFER,
+        fmt=args.fmt,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    try:
+        outcome = run_job(job)
+    except JobError as e:
+        print(f"crosstalk replay: {e}", file=sys.stderr)
+        return 2
+    s = outcome.stats
+    rate = s.records / outcome.seconds if outcome.seconds > 0 else 0.0
+    print(
+        f"crosstalk replay: {s.records} records ({s.exchanges} LLM exchanges) in "
+        f"{outcome.seconds:.1f} s ({rate:,.0f} records/s): {s.findings} findings in "
+        f"{outcome.incidents} incidents; {outcome.skipped} records skipped, "
+        f"{s.detector_errors} not scannable, {s.late} out of order"
+        + (f"; report: {args.report}" if args.report else ""),
+        file=sys.stderr,
+    )
+    return 1 if s.findings else 0

@@ -1,0 +1,243 @@
+"""``crosstalk replay`` as a job: inputs -> the replayer -> event log and report.
+
+``run_job`` opens every input and the event log first (a bad argument or unreadable
+file stops it before anything is replayed: ``JobError``, exit status 2), builds the
+engine and tenant rules exactly as the live proxy does (``config.build_engine``,
+``config.tenant_rules``, the learned state loaded read only), replays the merged inputs
+(``proxy.replay``), logs what the live proxy logs for the same findings with ``action:
+"replayed"``, and writes the incident report (``proxy.report``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .config import Config, build_engine, tenant_rules
+from .engine import Finding
+from .eventlog import make_logger
+from .exchange import ExchangeMonitor
+from .readers import InputError, InputFile, Skipped, open_input, read_records
+from .replay import DEFAULT_SORT_BUFFER, ExchangeRecord, Replayer, ReplayStats, merge_inputs
+from .report import REPORT_SUFFIXES, IncidentBook, build_report, iso, write_report
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_window(text: str) -> float:
+    """``600``, ``90s``, ``30m``, ``2h``, ``3d`` -> seconds (> 0). Raises ValueError."""
+    value = text.strip().lower()
+    unit = _UNITS.get(value[-1:])
+    number = value[:-1] if unit is not None else value
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        raise ValueError(f"window must be seconds or a number with s/m/h/d: {text!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"window must be > 0: {text!r}")
+    return seconds
+
+
+class Progress:
+    """One self-rewriting status line on a terminal (at most 5 redraws a second)."""
+
+    def __init__(self, stream: IO[str], sources: list[InputFile]) -> None:
+        self.stream = stream
+        self.sources = sources
+        self.total = sum(s.size for s in sources) or 1
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, stats: ReplayStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < 0.2:
+            return
+        self._last = now
+        done = sum(s.progress() for s in self.sources)
+        rate = stats.records / max(now - self.started, 1e-9)
+        width = 24
+        filled = int(width * min(1.0, done / self.total))
+        self.stream.write(
+            f"\r\x1b[K[{'#' * filled}{'.' * (width - filled)}] {100 * done / self.total:5.1f}% "
+            f"{done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB  {stats.records:,} records "
+            f"({rate:,.0f}/s)  {stats.findings:,} findings"
+        )
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        """Erase the line (before anything else is written to the terminal)."""
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
+@dataclass
+class ReplayJob:
+    """Everything ``crosstalk replay`` was asked to do (validated by ``prepare``)."""
+
+    paths: list[str]
+    config: Config
+    log_file: str | None = None  # None: stderr
+    log_level: str = "info"
+    report: str | None = None
+    state: str | None = None  # learned state to start from; None: the config's; "none": cold
+    sort_buffer: int = DEFAULT_SORT_BUFFER
+    fmt: str = "auto"
+    progress: bool = False  # draw a progress line on stderr
+
+
+@dataclass
+class ReplayOutcome:
+    stats: ReplayStats
+    skipped: int
+    incidents: int
+    seconds: float
+
+
+class JobError(Exception):
+    """The job cannot run: unusable arguments or unreadable input (exit status 2)."""
+
+
+class EventSink:
+    """The replayer's reports, as the live proxy's: ``leak.detected`` events (with
+    ``action: "replayed"`` and the recorded time), ``detector.error``, plus replay's own
+    ``replay.skipped`` / ``replay.failed``; findings also go to the incident book."""
+
+    def __init__(self, log: Any, book: IncidentBook, progress: Progress | None) -> None:
+        self.log = log
+        self.book = book
+        self.progress = progress
+        self.skipped: list[Skipped] = []
+        self.skipped_count = 0
+
+    def _quiet(self) -> None:
+        if self.progress is not None:
+            self.progress.clear()
+
+    def finding(
+        self, monitor: ExchangeMonitor, finding: Finding, when: float, record: ExchangeRecord
+    ) -> None:
+        fields = monitor.leak_fields(finding)  # never the text, whatever the config says
+        fields["action"] = "replayed"
+        fields["recorded_at"] = iso(when)
+        fields["capture"] = record.position
+        self._quiet()
+        self.log.warning("leak.detected", **fields)
+        self.book.add(fields, when)
+
+    def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None:
+        self._quiet()
+        self.log.error(
+            "detector.error",
+            request_id=monitor.request_id,
+            tenant=monitor.tenant,
+            reason=monitor.detector_error,
+            action="replayed",
+            capture=record.position,
+        )
+
+    def failure(self, position: str, reason: str) -> None:
+        self._quiet()
+        self.log.error("replay.failed", capture=position, reason=reason)
+
+    def skip(self, skipped: Skipped) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < 100:
+            self.skipped.append(skipped)
+        self._quiet()
+        self.log.warning(
+            "replay.skipped",
+            path=skipped.path,
+            record=skipped.record,
+            offset=skipped.offset,
+            reason=skipped.reason,
+        )
+        print(f"crosstalk replay: skipped {skipped.position}: {skipped.reason}", file=sys.stderr)
+
+
+def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
+    """Open every input and the event log up front, so that bad arguments or an
+    unreadable file stop the job before anything is replayed. Raises JobError."""
+    if job.report and Path(job.report).suffix.lower() not in REPORT_SUFFIXES:
+        raise JobError(f"--report must end in one of {', '.join(REPORT_SUFFIXES)}: {job.report}")
+    if job.sort_buffer < 1:
+        raise JobError("--sort-buffer must be >= 1")
+    if job.state not in (None, "none") and not Path(job.state).is_file():
+        raise JobError(f"--state {job.state}: no such file")
+    sources: list[InputFile] = []
+    try:
+        for path in job.paths:
+            sources.append(open_input(path, job.fmt))
+    except InputError as e:
+        for source in sources:
+            source.close()
+        raise JobError(str(e)) from e
+    try:
+        log = make_logger(job.log_file, job.log_level)
+    except (OSError, ValueError) as e:
+        for source in sources:
+            source.close()
+        raise JobError(f"--log-file {job.log_file}: {e}") from e
+    return sources, log
+
+
+def run_job(job: ReplayJob) -> ReplayOutcome:
+    """Replay ``job``'s inputs, log the findings and write the report."""
+    sources, log = prepare(job)
+    started = time.monotonic()
+    engine = build_engine(job.config)
+    rules = tenant_rules(job.config, engine.hasher.key)
+    state = job.config.detection.state_file if job.state is None else job.state
+    if state and state != "none":
+        try:
+            engine.load_commonness(state)  # read only: replay never writes the state
+            log.info("state.loaded", path=state)
+        except FileNotFoundError:
+            log.info("state.absent", path=state, detail="replaying from a cold engine")
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("state.unusable", path=state, reason=str(e))
+    engine_config = engine.config
+    log.info(
+        "replay.started",
+        inputs=[f"{s.name} ({s.format})" for s in sources],
+        key_id=engine.hasher.key_id,
+        k=engine_config.k,
+        window_seconds=engine_config.window_seconds,
+    )
+    book = IncidentBook()
+    progress = Progress(sys.stderr, sources) if job.progress else None
+    sink = EventSink(log, book, progress)
+    replayer = Replayer(
+        engine, rules, job.config, sink, on_progress=progress.update if progress else None
+    )
+    try:
+        streams = [read_records(s, sink.skip) for s in sources]
+        stats = replayer.run(merge_inputs(streams, job.sort_buffer))
+    finally:
+        if progress is not None:
+            progress.update(replayer.stats, force=True)
+            progress.clear()
+        for source in sources:
+            source.close()
+    seconds = time.monotonic() - started
+    summary = {
+        "inputs": [s.name for s in sources],
+        "traffic_from": iso(stats.first_time),
+        "traffic_to": iso(stats.last_time),
+        **{k: v for k, v in asdict(stats).items() if k not in ("first_time", "last_time")},
+        "skipped": sink.skipped_count,
+        "skipped_records": [{"position": s.position, "reason": s.reason} for s in sink.skipped],
+        "window_seconds": engine_config.window_seconds,
+        "key_id": engine.hasher.key_id,
+        "seconds": round(seconds, 3),
+    }
+    log.info("replay.finished", **{k: v for k, v in summary.items() if k != "skipped_records"})
+    if job.report:
+        write_report(job.report, build_report(book, summary))
+    return ReplayOutcome(stats, sink.skipped_count, len(book.incidents), seconds)
