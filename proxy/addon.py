@@ -22,8 +22,10 @@ from mitmproxy import ctx, exceptions, http
 from . import config as configuration
 from . import mitm_errors
 from .engine import Engine, Finding
+from .engine.records import Record
 from .eventlog import make_logger
 from .exchange import BLOCK_MESSAGE, FAILED_CLOSED_MESSAGE, Enforcement, ExchangeMonitor
+from .journal import JournalWriter
 from .protocols.openai import ProtocolError, error_body, parse_request, route_for
 from .tenants import TenantRules, request_id_of, resolve_tenant
 
@@ -33,6 +35,11 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
     "crosstalk_mode": (str, "", "shadow or enforce; overrides the config file."),
     "crosstalk_log_file": (str, "", "JSON-lines event log; empty: the config's, else stderr."),
     "crosstalk_log_level": (str, "", "debug, info or warning; overrides the config file."),
+    "crosstalk_journal": (
+        str,
+        "",
+        "Directory of the fingerprint journal (keyed records, no text); overrides the config.",
+    ),
     "crosstalk_json_errors": (
         bool,
         True,
@@ -56,8 +63,11 @@ class CrossTalk:
             "findings": 0,
             "failed_open": 0,
             "failed_closed": 0,
+            "journal_errors": 0,
         }
         self._unknown_logged: set[str] = set()
+        self.journal: JournalWriter | None = None
+        self._journal_failing = False
 
     def load(self, loader) -> None:
         for name, (typ, default, help_text) in OPTIONS.items():
@@ -79,6 +89,7 @@ class CrossTalk:
                 proxy__mode=ctx.options.crosstalk_mode or None,
                 proxy__log_file=ctx.options.crosstalk_log_file or None,
                 proxy__log_level=ctx.options.crosstalk_log_level or None,
+                journal__directory=ctx.options.crosstalk_journal or None,
             )
         except configuration.ConfigError as e:
             raise exceptions.OptionsError(f"crosstalk: {e}") from e
@@ -88,6 +99,7 @@ class CrossTalk:
         self.rules = configuration.tenant_rules(cfg, self.engine.hasher.key)
         self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
         self._load_state()
+        self._open_journal()
         self.log.info(
             "crosstalk.configured",
             mode=cfg.proxy.mode,
@@ -98,6 +110,38 @@ class CrossTalk:
 
     def done(self) -> None:
         self._save_state()
+        if self.journal is not None:
+            self.journal.close()
+
+    def _open_journal(self) -> None:
+        if self.journal is not None:
+            self.journal.close()
+            self.journal = None
+        settings = configuration.journal_settings(self.config)
+        if settings is None:
+            return
+        try:
+            self.journal = JournalWriter(settings, self.engine.hasher.key_id, self.engine.config.k)
+        except OSError as e:
+            raise exceptions.OptionsError(f"crosstalk: journal {settings.directory}: {e}") from e
+        self.log.info("journal.opened", directory=settings.directory)
+
+    def _journal(self, record: Record) -> None:
+        """Append to the journal; a failing disk is logged once per episode and never
+        touches traffic."""
+        if self.journal is None:
+            return
+        try:
+            self.journal.write(record)
+        except (OSError, ValueError) as e:
+            self.counters["journal_errors"] += 1
+            if not self._journal_failing:
+                self._journal_failing = True
+                self.log.error("journal.error", reason=f"{type(e).__name__}: {e}")
+            return
+        if self._journal_failing:
+            self._journal_failing = False
+            self.log.info("journal.recovered", errors=self.counters["journal_errors"])
 
     def _load_state(self) -> None:
         path = self.config.detection.state_file
@@ -177,6 +221,8 @@ class CrossTalk:
                     )
                 except Exception as e:  # noqa: BLE001 -- fail open
                     monitor.detector_error = f"{type(e).__name__}: {e}"
+                else:
+                    self._journal(monitor.scan.prompt)
 
             # Observed on the next turn of the event loop, right after the request is
             # handed upstream: its ~1 ms is no longer added to this request's time to
@@ -277,6 +323,8 @@ class CrossTalk:
         self, flow: http.HTTPFlow, monitor: ExchangeMonitor, status: int, error: str | None = None
     ) -> None:
         self.counters["exchanges"] += 1
+        if monitor.scan is not None and monitor.scan.finished:
+            self._journal(monitor.scan.record())
         if monitor.detector_error is not None:
             self.counters["detector_errors"] += 1
             failed_closed = monitor.failed_closed and monitor.blocked_by is None

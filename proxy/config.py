@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .engine import Engine, EngineConfig
+from .journal import JournalSettings
 from .tenants import SOURCES, TenantRules
 
 MODES = ("shadow", "enforce")
@@ -90,6 +91,16 @@ class PolicySection:
 
 
 @dataclass(frozen=True, slots=True)
+class JournalSection:
+    # Fingerprint journal (keyed records, no text) for `crosstalk replay`; empty: off.
+    # Replaying needs the same detection.key: set one, or the journal dies with the key.
+    directory: str = ""
+    max_segment_mb: float = 64.0
+    max_segment_minutes: float = 60.0
+    retention_days: float = 30.0
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """What applies to one exchange."""
 
@@ -107,6 +118,7 @@ class Config:
     tenants: TenantSection = field(default_factory=TenantSection)
     detection: DetectionSection = field(default_factory=DetectionSection)
     policy: PolicySection = field(default_factory=PolicySection)
+    journal: JournalSection = field(default_factory=JournalSection)
 
     def policy_for(self, tenant: str, path: str) -> Policy:
         """The tenant's overrides win over the route's (longest matching prefix), which
@@ -168,7 +180,7 @@ def _section(cls: type, name: str, data: Any) -> Any:
 
 
 def validate(config: Config) -> Config:
-    p, t, d = config.proxy, config.tenants, config.detection
+    p, t, d, j = config.proxy, config.tenants, config.detection, config.journal
     if p.mode not in MODES:
         raise ConfigError(f"proxy.mode must be one of {MODES}, not {p.mode!r}")
     if p.upstream and not p.upstream.startswith(("http://", "https://")):
@@ -185,12 +197,27 @@ def validate(config: Config) -> Config:
         )
     _validate_policy(config.policy)
     config.engine_config()
-    if d.state_file and not d.key:
-        raise ConfigError(
-            "detection.state_file needs a fixed detection.key: hashes made "
-            "under a key generated at start mean nothing after a restart"
-        )
+    for name, value in (("detection.state_file", d.state_file), ("journal", j.directory)):
+        if value and not d.key:
+            raise ConfigError(
+                f"{name} needs a fixed detection.key: hashes made under a key "
+                "generated at start mean nothing after a restart"
+            )
+    if j.max_segment_mb <= 0 or j.max_segment_minutes <= 0 or j.retention_days <= 0:
+        raise ConfigError("journal: max_segment_mb, max_segment_minutes, retention_days > 0")
     return config
+
+
+def journal_settings(config: Config) -> JournalSettings | None:
+    j = config.journal
+    if not j.directory:
+        return None
+    return JournalSettings(
+        j.directory,
+        max_segment_bytes=int(j.max_segment_mb * (1 << 20)),
+        max_segment_seconds=j.max_segment_minutes * 60,
+        retention_days=j.retention_days,
+    )
 
 
 def _validate_policy(policy: PolicySection) -> None:
@@ -232,6 +259,7 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
         "tenants": TenantSection,
         "detection": DetectionSection,
         "policy": PolicySection,
+        "journal": JournalSection,
     }
     if unknown := set(data) - set(sections):
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")

@@ -12,6 +12,9 @@ import urllib.request
 from conftest import run_mitmdump, run_sim, wait_for_events
 from traffic import judge, load_truth, output_text, private_words_reached_client, run_workload
 
+from proxy import journal
+from proxy.config import build_engine, load
+from proxy.engine.replayer import replay
 from proxy.engine.tokens import units_of
 from proxy.exchange import words_in
 
@@ -41,10 +44,16 @@ def report(j) -> str:
     )
 
 
-def test_shadow_logs_every_target_leak_and_changes_nothing(tmp_path, warm_config):
+def test_shadow_logs_every_target_leak_and_changes_nothing(tmp_path, warm_config, warm_state):
+    journal_dir = tmp_path / "journal"
     with (
         run_sim(tmp_path, *SIM_ARGS) as sim,
-        run_mitmdump(tmp_path, sim.url, f"crosstalk_config={warm_config}") as proxy,
+        run_mitmdump(
+            tmp_path,
+            sim.url,
+            f"crosstalk_config={warm_config}",
+            f"crosstalk_journal={journal_dir}",
+        ) as proxy,
     ):
         results = run_workload(proxy.url, tenants=TENANTS, requests=REQUESTS, seed=21)
         events = exchanges_logged(proxy, results)
@@ -61,6 +70,26 @@ def test_shadow_logs_every_target_leak_and_changes_nothing(tmp_path, warm_config
     assert actions == {"logged"}
     verdicts = {e["request_id"]: e["verdict"] for e in events if e["event"] == "exchange"}
     assert all(verdicts[f["request_id"]] == "leak" for f in j.found)
+    assert_journal_replays_to(journal_dir, warm_config, warm_state, events)
+
+
+def assert_journal_replays_to(journal_dir, config_path, state, events) -> None:
+    """The fingerprint journal, replayed by a fresh engine with the proxy's key and
+    starting state, makes exactly the findings the live proxy logged."""
+    engine = build_engine(load(config_path))
+    engine.load_commonness(state)
+    corrupt = []
+    records = journal.read([journal_dir], engine.hasher.key_id, engine.config.k, corrupt.append)
+    replayed = {
+        (f.request_id, f.finding.source_tenant, f.finding.kind) for f in replay(engine, records)
+    }
+    live = {
+        (e["request_id"], e["source_tenant"], e["kind"])
+        for e in events
+        if e["event"] == "leak.detected"
+    }
+    assert not corrupt
+    assert replayed == live, (sorted(replayed - live), sorted(live - replayed))
 
 
 def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm_config):

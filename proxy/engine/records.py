@@ -81,3 +81,6 @@ class CanaryRecord:
     entity_id: str
     time: float = 0.0
     seq: int = 0
+
+
+Record = PromptRecord | OutputRecord | CanaryRecord

@@ -15,9 +15,7 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from .detector import Engine, Finding, ResponseScan
-from .records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
-
-Record = PromptRecord | OutputRecord | CanaryRecord
+from .records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
 
 
 class ReplayedFinding(NamedTuple):
