@@ -55,6 +55,16 @@ class RecordReplayer:
         self._scans.clear()
         return found
 
+    def _forget_before(self, horizon: float) -> None:
+        """Drop scans whose output never came (the exchange failed, or its record was
+        lost) once their prompt left the window: the dict is in prompt order."""
+        scans = self._scans
+        while scans:
+            seq, scan = next(iter(scans.items()))
+            if scan.prompt.time >= horizon:
+                break
+            del scans[seq]
+
     def _add(self, seq: int, order: int, step: object) -> None:
         heapq.heappush(self._heap, (seq, order, next(self._ties), step))
 
@@ -69,6 +79,7 @@ class RecordReplayer:
     def _run(self, step: object) -> list[ReplayedFinding]:
         if isinstance(step, PromptRecord):
             self._scans[step.seq] = self.engine.ingest_prompt(step)
+            self._forget_before(step.time - self.engine.config.window_seconds)
             return []
         if isinstance(step, CanaryRecord):
             self.engine.ingest_canary(step)
