@@ -18,6 +18,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", choices=("debug", "info", "warning"))
     p.add_argument("--mode", choices=("shadow", "enforce"), help="default shadow")
     p.add_argument(
+        "--journal",
+        metavar="DIR",
+        help="append every exchange's keyed fingerprints (no text) to a journal in DIR, for "
+        "`crosstalk replay DIR`; needs a fixed detection.key",
+    )
+    p.add_argument(
         "--capture",
         metavar="FILE",
         help="append the proxied traffic to FILE as a mitmproxy flow file, streamed bodies "
@@ -51,6 +57,7 @@ def main(args: argparse.Namespace) -> int:
             proxy__log_file=args.log_file,
             proxy__log_level=args.log_level,
             proxy__mode=args.mode,
+            journal__directory=args.journal,
         )
     except ConfigError as e:
         print(f"crosstalk: {e}", file=sys.stderr)
