@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -85,7 +85,7 @@ class ReplayJob:
     config: Config
     log_file: str | None = None  # None: stderr
     log_level: str = "info"
-    report: str | None = None
+    reports: list[str] = field(default_factory=list)  # .json, .md, .html
     state: str | None = None  # learned state to start from; None: the config's; "none": cold
     sort_buffer: int = DEFAULT_SORT_BUFFER
     fmt: str = "auto"
@@ -164,8 +164,9 @@ class EventSink:
 def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
     """Open every input and the event log up front, so that bad arguments or an
     unreadable file stop the job before anything is replayed. Raises JobError."""
-    if job.report and Path(job.report).suffix.lower() not in REPORT_SUFFIXES:
-        raise JobError(f"--report must end in one of {', '.join(REPORT_SUFFIXES)}: {job.report}")
+    for report in job.reports:
+        if Path(report).suffix.lower() not in REPORT_SUFFIXES:
+            raise JobError(f"--report must end in one of {', '.join(REPORT_SUFFIXES)}: {report}")
     if job.sort_buffer < 1:
         raise JobError("--sort-buffer must be >= 1")
     if job.state not in (None, "none") and not Path(job.state).is_file():
@@ -238,6 +239,8 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
         "seconds": round(seconds, 3),
     }
     log.info("replay.finished", **{k: v for k, v in summary.items() if k != "skipped_records"})
-    if job.report:
-        write_report(job.report, build_report(book, summary))
+    if job.reports:
+        report = build_report(book, summary)
+        for path in job.reports:
+            write_report(path, report)
     return ReplayOutcome(stats, sink.skipped_count, len(book.incidents), seconds)

@@ -40,6 +40,7 @@ FORMATS = ("flows", "har", "jsonl")
 #: The JSON-lines exchange format, one object per request (README, "Forensic replay").
 JSONL_FIELDS = {
     "time": "request time: epoch seconds, or ISO 8601 (required)",
+    "response_time": "first byte of the response: epoch seconds or ISO 8601 (default: time)",
     "end_time": "response fully received: epoch seconds or ISO 8601 (default: time)",
     "tenant": "the tenant, used as is (else derived from headers / the body's user)",
     "headers": "request headers, an object (tenant header, Authorization, X-Request-ID)",
@@ -406,6 +407,9 @@ def jsonl_record(obj: Any, position: str, fallback_id: str) -> ExchangeRecord:
         raise ValueError("a line must be a JSON object")
     when = _time(obj.get("time"), "time")
     end = _time(obj["end_time"], "end_time") if obj.get("end_time") is not None else when
+    first = when
+    if obj.get("response_time") is not None:
+        first = _time(obj["response_time"], "response_time")
     path = obj.get("path")
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError("path must be a string starting with /")
@@ -428,7 +432,7 @@ def jsonl_record(obj: Any, position: str, fallback_id: str) -> ExchangeRecord:
         if not isinstance(obj["sse"], str):
             raise ValueError("sse must be a string (the raw event stream)")
         response_headers = http.Headers(content_type="text/event-stream")
-        response = RecordedResponse(status, response_headers, obj["sse"].encode(), when, end)
+        response = RecordedResponse(status, response_headers, obj["sse"].encode(), first, end)
     elif "response" in obj:
         response_headers = http.Headers(content_type="application/json")
         response = RecordedResponse(

@@ -28,7 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--log-file", help="JSON-lines event log (appended); default stderr")
     p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
-    p.add_argument("--report", metavar="PATH", help="incident report: .html, .md or .json")
+    p.add_argument(
+        "--report",
+        metavar="PATH",
+        action="append",
+        help="incident report: .html, .md or .json (may be given once per format)",
+    )
     p.add_argument(
         "--state",
         help="learned commonness to start from, read only (default: the config's "
@@ -69,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         config=config,
         log_file=args.log_file,
         log_level=args.log_level,
-        report=args.report,
+        reports=args.report or [],
         state=args.state,
         sort_buffer=args.sort_buffer if args.sort_buffer is not None else DEFAULT_SORT_BUFFER,
         fmt=args.fmt,
@@ -87,7 +92,7 @@ def main(args: argparse.Namespace) -> int:
         f"{outcome.seconds:.1f} s ({rate:,.0f} records/s): {s.findings} findings in "
         f"{outcome.incidents} incidents; {outcome.skipped} records skipped, "
         f"{s.detector_errors} not scannable, {s.late} out of order"
-        + (f"; report: {args.report}" if args.report else ""),
+        + (f"; report: {', '.join(args.report)}" if args.report else ""),
         file=sys.stderr,
     )
     return 1 if s.findings else 0
