@@ -72,6 +72,20 @@ def test_clean_stream_passes_byte_for_byte(engine, size):
     assert m.verdict == "clean" and not m.blocked_calls
 
 
+def test_a_word_the_stream_may_still_continue_is_held_too(engine):
+    """Models stream words with the space first (" Tell", " me"): the newest word is not
+    finished, hence not scanned, until the next event. It must count in the holdback."""
+    words = "Great question here is what the forecast says about Lisbon this week".split()  # noqa: SIM905
+    m = monitor(engine, "B", "b-lead", "weather?", holdback_words=4)
+    released = []
+    for i, w in enumerate(words):
+        released += m.on_chunk(chunk_event(w if i == 0 else " " + w))
+        received = i + 1
+        # released words <= received - holdback: never the newest, unfinished one
+        assert len(released) <= max(0, received - 4), (received, released)
+    assert len(released) == len(words) - 4
+
+
 @pytest.mark.parametrize("size", [1, 13, 100_000])
 def test_leak_is_cut_before_any_leaked_word_is_released(engine, size):
     lead = [

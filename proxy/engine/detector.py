@@ -567,9 +567,13 @@ class ResponseScan:
 
     @property
     def output_words(self) -> float:
-        """Words of output scanned so far, all choices (a CJK character counts half; a
-        word still cut by the stream counts once it is complete)."""
-        return sum(s.cumulative[-1] for s in self._choices.values()) / 2
+        """Words of output received so far, all choices (a CJK character counts half).
+        A word the stream may still continue is counted, though not scanned until it
+        ends: a holdback counting these words keeps such a word back, since it is always
+        among the newest."""
+        return (
+            sum(s.cumulative[-1] + s.tokenizer.pending_weight for s in self._choices.values()) / 2
+        )
 
     # -- fragments -----------------------------------------------------------------
 

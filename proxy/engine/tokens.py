@@ -145,6 +145,11 @@ class StreamTokenizer:
             self._pending_at = start
         return batch
 
+    @property
+    def pending_weight(self) -> int:
+        """Weight of the word held back (0 or ``WORD_WEIGHT``)."""
+        return WORD_WEIGHT if self._pending else 0
+
     def flush(self) -> UnitBatch:
         text, base = self._pending, self._pending_at
         self._pending, self._pending_at = "", self._consumed
