@@ -25,6 +25,7 @@ from .engine import Engine, Finding
 from .engine.records import Record
 from .eventlog import make_logger
 from .exchange import BLOCK_MESSAGE, FAILED_CLOSED_MESSAGE, Enforcement, ExchangeMonitor
+from .index_redis import SharedIndex, open_index
 from .journal import JournalWriter
 from .protocols.openai import ProtocolError, error_body, parse_request, route_for
 from .tenants import TenantRules, request_id_of, resolve_tenant
@@ -39,6 +40,11 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
         str,
         "",
         "Directory of the fingerprint journal (keyed records, no text); overrides the config.",
+    ),
+    "crosstalk_index": (
+        str,
+        "",
+        "redis://HOST:PORT/DB shared by the replicas (keyed records, no text); overrides the config.",
     ),
     "crosstalk_json_errors": (
         bool,
@@ -68,6 +74,8 @@ class CrossTalk:
         self._unknown_logged: set[str] = set()
         self.journal: JournalWriter | None = None
         self._journal_failing = False
+        self.index: SharedIndex | None = None  # scale-out: proxy/index_redis.py
+        self._running = False
 
     def load(self, loader) -> None:
         for name, (typ, default, help_text) in OPTIONS.items():
@@ -90,6 +98,7 @@ class CrossTalk:
                 proxy__log_file=ctx.options.crosstalk_log_file or None,
                 proxy__log_level=ctx.options.crosstalk_log_level or None,
                 journal__directory=ctx.options.crosstalk_journal or None,
+                index__url=ctx.options.crosstalk_index or None,
             )
         except configuration.ConfigError as e:
             raise exceptions.OptionsError(f"crosstalk: {e}") from e
@@ -100,6 +109,7 @@ class CrossTalk:
         self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
         self._load_state()
         self._open_journal()
+        self._open_index()
         self.log.info(
             "crosstalk.configured",
             mode=cfg.proxy.mode,
@@ -108,8 +118,15 @@ class CrossTalk:
             window_seconds=engine_config.window_seconds,
         )
 
+    def running(self) -> None:
+        self._running = True
+        if self.index is not None:
+            self.index.start()
+
     def done(self) -> None:
         self._save_state()
+        if self.index is not None:
+            self.index.close()
         if self.journal is not None:
             self.journal.close()
 
@@ -125,6 +142,23 @@ class CrossTalk:
         except OSError as e:
             raise exceptions.OptionsError(f"crosstalk: journal {settings.directory}: {e}") from e
         self.log.info("journal.opened", directory=settings.directory)
+
+    def _open_index(self) -> None:
+        """Scale-out (proxy/index_redis.py). At start the window is loaded here, before
+        mitmproxy listens; on a later reconfiguration the consumer catches up instead."""
+        if self.index is not None:
+            self.index.close()
+        self.index = open_index(self.config, self.engine, self.log, self.counters)
+        if self.index is not None and not self._running:
+            self.index.load_window()
+        elif self.index is not None:
+            self.index.start()
+
+    def _sink(self, record: Record) -> None:
+        """Where each keyed record goes: the journal and the replicas' shared stream."""
+        self._journal(record)
+        if self.index is not None:
+            self.index.publish(record)
 
     def _journal(self, record: Record) -> None:
         """Append to the journal; a failing disk is logged once per episode and never
@@ -222,7 +256,7 @@ class CrossTalk:
                 except Exception as e:  # noqa: BLE001 -- fail open
                     monitor.detector_error = f"{type(e).__name__}: {e}"
                 else:
-                    self._journal(monitor.scan.prompt)
+                    self._sink(monitor.scan.prompt)
 
             # Observed on the next turn of the event loop, right after the request is
             # handed upstream: its ~1 ms is no longer added to this request's time to
@@ -324,7 +358,7 @@ class CrossTalk:
     ) -> None:
         self.counters["exchanges"] += 1
         if monitor.scan is not None and monitor.scan.finished:
-            self._journal(monitor.scan.record())
+            self._sink(monitor.scan.record())
         if monitor.detector_error is not None:
             self.counters["detector_errors"] += 1
             failed_closed = monitor.failed_closed and monitor.blocked_by is None

@@ -101,6 +101,23 @@ class JournalSection:
 
 
 @dataclass(frozen=True, slots=True)
+class IndexSection:
+    # Replicas share their keyed records (no text) through a Redis Stream
+    # (proxy/index_redis.py, README "Scale-out"); empty url: this process only.
+    # Every replica needs the same detection.key.
+    url: str = ""  # redis://HOST:PORT/DB or rediss:// (TLS)
+    password: str = ""  # overrides a password in the url
+    tls: bool = False  # TLS even for a redis:// url
+    tls_ca_file: str = ""  # CA bundle that signed the server's certificate
+    stream: str = "crosstalk:records"  # stream key; replicas of one deployment share it
+    replica_name: str = ""  # label in the records' origin id; empty: the host name
+    outbox_records: int = 20000  # records held while Redis is away; oldest dropped beyond
+    timeout_seconds: float = 1.0  # one Redis call slower than this: degraded
+    load_timeout_seconds: float = 30.0  # start: load the window for at most this long
+    reconnect_max_seconds: float = 5.0  # backoff ceiling between reconnection attempts
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """What applies to one exchange."""
 
@@ -119,6 +136,7 @@ class Config:
     detection: DetectionSection = field(default_factory=DetectionSection)
     policy: PolicySection = field(default_factory=PolicySection)
     journal: JournalSection = field(default_factory=JournalSection)
+    index: IndexSection = field(default_factory=IndexSection)
 
     def policy_for(self, tenant: str, path: str) -> Policy:
         """The tenant's overrides win over the route's (longest matching prefix), which
@@ -205,7 +223,24 @@ def validate(config: Config) -> Config:
             )
     if j.max_segment_mb <= 0 or j.max_segment_minutes <= 0 or j.retention_days <= 0:
         raise ConfigError("journal: max_segment_mb, max_segment_minutes, retention_days > 0")
+    _validate_index(config.index, d.key)
     return config
+
+
+def _validate_index(index: IndexSection, key: str) -> None:
+    if index.url and not key:
+        raise ConfigError(
+            "index.url needs a fixed detection.key, the same on every replica: hashes made "
+            "under a key generated at start mean nothing to the other replicas"
+        )
+    if index.url and not index.url.startswith(("redis://", "rediss://")):
+        raise ConfigError(f"index.url must be a redis:// or rediss:// URL: {index.url!r}")
+    if not index.stream:
+        raise ConfigError("index.stream must not be empty")
+    if index.outbox_records < 1:
+        raise ConfigError("index.outbox_records must be >= 1")
+    if min(index.timeout_seconds, index.load_timeout_seconds, index.reconnect_max_seconds) <= 0:
+        raise ConfigError("index: timeout_seconds, load_timeout_seconds, reconnect_max_seconds > 0")
 
 
 def journal_settings(config: Config) -> JournalSettings | None:
@@ -260,6 +295,7 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
         "detection": DetectionSection,
         "policy": PolicySection,
         "journal": JournalSection,
+        "index": IndexSection,
     }
     if unknown := set(data) - set(sections):
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")

@@ -97,6 +97,7 @@ async def serve(request: RunRequest) -> int:
             crosstalk_log_file=cfg.proxy.log_file,
             crosstalk_log_level=cfg.proxy.log_level,
             crosstalk_journal=cfg.journal.directory,
+            crosstalk_index=cfg.index.url,
         )
     except Exception as e:  # OptionsError: a readable message, no traceback
         print(f"crosstalk: {e}", file=sys.stderr)

@@ -24,6 +24,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "`crosstalk replay DIR`; needs a fixed detection.key",
     )
     p.add_argument(
+        "--index",
+        metavar="URL",
+        help="redis://HOST:PORT/DB (or rediss://): share every replica's keyed fingerprints "
+        "(no text) through a Redis Stream, so each replica sees all tenants; needs the same "
+        "detection.key on every replica ([index] in the config for password and TLS)",
+    )
+    p.add_argument(
         "--capture",
         metavar="FILE",
         help="append the proxied traffic to FILE as a mitmproxy flow file, streamed bodies "
@@ -58,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
             proxy__log_level=args.log_level,
             proxy__mode=args.mode,
             journal__directory=args.journal,
+            index__url=args.index,
         )
     except ConfigError as e:
         print(f"crosstalk: {e}", file=sys.stderr)

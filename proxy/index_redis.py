@@ -1,0 +1,612 @@
+"""Scale-out: replicas share what they observe through a Redis Stream.
+
+A gateway for many tenants runs several crosstalk replicas behind a load balancer: tenant
+A's request may pass replica 1 while the leak of its words into tenant B's answer passes
+replica 2. Every replica keeps its own engine (per-delta lookups stay in memory), publishes
+the keyed records its engine makes (``proxy.engine.records``: keyed unit hashes, offsets,
+entity ids, tenant and request ids, never text) to one Redis Stream, and ingests the
+records the other replicas publish. So each engine holds every tenant's recent
+fingerprints, whichever replica they came through.
+
+Pieces, one concern each:
+
+- ``Health``: Redis reachable or not. Logs ``index.degraded`` once per episode and
+  ``index.recovered`` when it ends, counts episodes, and paces reconnection (``Backoff``).
+- ``Publisher``: a bounded in-memory outbox that the request path appends to (no Redis
+  call there), drained by a background task with pipelined ``XADD``. Each entry trims
+  the stream to the detection window (``MINID ~``: entry ids are millisecond times).
+  While Redis is away the outbox holds the records (dropping the oldest beyond its
+  bound, counted) and sends them when Redis returns: the others catch up.
+- ``Ingester``: turns stream entries into engine state. Refuses entries made under
+  another hashing key (logged once per key), skips this replica's own entries, and
+  ingests each origin's records in arrival order (``OriginIngester``).
+- ``Consumer``: a background task reading the stream (``XREAD BLOCK``) from the last
+  entry it ingested; after an outage it resumes from there, so nothing still in the
+  stream is missed.
+- ``SharedIndex``: what the addon holds. ``load_window`` (at start, before the proxy
+  listens) reads the current window with a synchronous client; ``start`` launches the
+  two tasks on mitmproxy's event loop (the engine is single-threaded: ingestion runs on
+  the same loop as the live scans); ``publish`` is the record sink; ``close`` stops.
+
+Redis never blocks or slows traffic: the request path only appends to a deque, and
+ingestion yields to the event loop every few milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import secrets
+import socket
+import time
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aredis
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from .engine import Engine
+from .engine.detector import ResponseScan
+from .engine.records import CanaryRecord, OutputRecord, PromptRecord, Record
+from .journal import decode, encode
+
+# Stream entry fields: short names, since Redis stores them in every entry.
+ORIGIN = b"o"  # the publishing replica's id
+KEY = b"k"  # the hashing key's id (records of another key mean nothing here)
+RECORD = b"r"  # proxy.journal.encode(record): one JSON line of keyed hashes and ids
+
+BLOCK_MS = 1000  # XREAD BLOCK: how long one read waits for new entries
+BATCH = 500  # entries per XADD pipeline / XREAD / XRANGE
+YIELD_AFTER = 0.004  # seconds of ingestion before giving the event loop back
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSettings:
+    """Where and how to reach Redis (``[index]`` of the configuration)."""
+
+    url: str
+    password: str = ""
+    tls: bool = False
+    tls_ca_file: str = ""
+    stream: str = "crosstalk:records"
+    replica_name: str = ""
+    outbox_records: int = 20000
+    timeout_seconds: float = 1.0
+    load_timeout_seconds: float = 30.0
+    reconnect_max_seconds: float = 5.0
+
+    def client_kwargs(self, timeout: float) -> dict[str, Any]:
+        """redis-py connection arguments: one attempt per call (``Health`` retries,
+        with backoff, without holding anything up), ``timeout`` per socket operation."""
+        kwargs: dict[str, Any] = {
+            "socket_timeout": timeout,
+            "socket_connect_timeout": self.timeout_seconds,
+        }
+        if self.password:
+            kwargs["password"] = self.password
+        if self.tls_ca_file:
+            kwargs["ssl_ca_certs"] = self.tls_ca_file
+        return kwargs
+
+    @property
+    def client_url(self) -> str:
+        if self.tls and self.url.startswith("redis://"):
+            return "rediss://" + self.url.removeprefix("redis://")
+        return self.url
+
+
+def settings_from(config: Any) -> IndexSettings | None:
+    """The settings of a ``proxy.config.Config``; None without ``index.url``."""
+    section = config.index
+    if not section.url:
+        return None
+    return IndexSettings(
+        url=section.url,
+        password=section.password,
+        tls=section.tls,
+        tls_ca_file=section.tls_ca_file,
+        stream=section.stream,
+        replica_name=section.replica_name,
+        outbox_records=section.outbox_records,
+        timeout_seconds=section.timeout_seconds,
+        load_timeout_seconds=section.load_timeout_seconds,
+        reconnect_max_seconds=section.reconnect_max_seconds,
+    )
+
+
+def new_replica_id(name: str = "") -> str:
+    """An id for this process: the name (default: host name), the pid and a random part.
+    A restarted replica gets a new id, so it ingests its former self's records too."""
+    return f"{name or socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
+
+
+def redacted(url: str) -> str:
+    """``url`` without a password, for logs."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.split("@", 1)[1]
+    return scheme + sep + rest
+
+
+def window_start_id(window_seconds: float, now: float | None = None) -> str:
+    """The stream id of the oldest entry still in the detection window."""
+    now = time.time() if now is None else now
+    return f"{max(0, int((now - window_seconds) * 1000))}-0"
+
+
+# -- connection health ----------------------------------------------------------------
+
+
+class Backoff:
+    """Exponential delays with jitter between reconnection attempts, reset on success."""
+
+    def __init__(self, first: float = 0.05, ceiling: float = 5.0) -> None:
+        self.first = first
+        self.ceiling = ceiling
+        self._next = first
+
+    def delay(self) -> float:
+        d = self._next
+        self._next = min(self.ceiling, self._next * 2)
+        return d * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._next = self.first
+
+
+class Health:
+    """Whether Redis answers, shared by the publisher and the consumer: one
+    ``index.degraded`` per episode (whichever side notices first), one
+    ``index.recovered`` when any call succeeds again."""
+
+    def __init__(self, log: Any, counters: dict[str, int], url: str) -> None:
+        self.log = log
+        self.counters = counters
+        self.url = redacted(url)
+        self.degraded = False
+        self._since = 0.0
+
+    def failed(self, where: str, error: BaseException) -> None:
+        self.counters["index_errors"] += 1
+        if self.degraded:
+            return
+        self.degraded = True
+        self._since = time.monotonic()
+        self.counters["index_degraded"] += 1
+        self.log.warning(
+            "index.degraded",
+            url=self.url,
+            where=where,
+            reason=f"{type(error).__name__}: {error}"[:300],
+            detail="serving and detecting locally; reconnecting with backoff",
+        )
+
+    def succeeded(self, **fields: Any) -> None:
+        if not self.degraded:
+            return
+        self.degraded = False
+        self.log.info(
+            "index.recovered",
+            url=self.url,
+            after_seconds=round(time.monotonic() - self._since, 3),
+            **fields,
+        )
+
+
+REDIS_ERRORS = (redis.RedisError, OSError, asyncio.TimeoutError)
+
+
+# -- publishing -------------------------------------------------------------------------
+
+
+class Publisher:
+    """Sends this replica's records to the stream without ever making traffic wait.
+
+    ``offer`` (request path) appends to a bounded deque; ``run`` (a background task)
+    drains it in pipelined batches. A batch that fails goes back to the front of the
+    outbox and is retried after a backoff; beyond ``outbox_records`` the oldest records
+    are dropped and counted (``index_dropped``)."""
+
+    def __init__(
+        self,
+        settings: IndexSettings,
+        replica_id: str,
+        key_id: str,
+        window_seconds: float,
+        health: Health,
+        counters: dict[str, int],
+    ) -> None:
+        self.settings = settings
+        self.replica_id = replica_id.encode()
+        self.key_id = key_id.encode()
+        self.window_seconds = window_seconds
+        self.health = health
+        self.counters = counters
+        self.outbox: deque[Record] = deque()
+        self.backoff = Backoff(ceiling=settings.reconnect_max_seconds)
+        self._wake = asyncio.Event()
+
+    def offer(self, record: Record) -> None:
+        """Queue ``record`` for the stream (no I/O; called on the request path)."""
+        self.outbox.append(record)
+        self._bound()
+        self._wake.set()
+
+    def _bound(self) -> None:
+        while len(self.outbox) > self.settings.outbox_records:
+            self.outbox.popleft()
+            self.counters["index_dropped"] += 1
+
+    def entry(self, record: Record) -> dict[bytes, bytes]:
+        return {ORIGIN: self.replica_id, KEY: self.key_id, RECORD: encode(record)}
+
+    async def run(self, client: aredis.Redis) -> None:
+        while True:
+            if not self.outbox:
+                self._wake.clear()
+                await self._wake.wait()
+            batch = [self.outbox.popleft() for _ in range(min(BATCH, len(self.outbox)))]
+            try:
+                await self._send(client, batch)
+            except REDIS_ERRORS as e:
+                self.outbox.extendleft(reversed(batch))
+                self._bound()
+                self.health.failed("publish", e)
+                await asyncio.sleep(self.backoff.delay())
+                continue
+            self.counters["index_published"] += len(batch)
+            self.backoff.reset()
+            self.health.succeeded(outbox=len(self.outbox))
+
+    async def _send(self, client: aredis.Redis, batch: list[Record]) -> None:
+        minid = window_start_id(self.window_seconds).removesuffix("-0")
+        async with client.pipeline(transaction=False) as pipe:
+            for record in batch:
+                pipe.xadd(self.settings.stream, self.entry(record), minid=minid, approximate=True)
+            async with asyncio.timeout(self.settings.timeout_seconds):
+                await pipe.execute()
+
+    def flush_sync(self, client: redis.Redis) -> int:
+        """At exit: send what is left, once, with a synchronous client. Returns how many
+        records were sent (0 when Redis does not answer)."""
+        if not self.outbox:
+            return 0
+        minid = window_start_id(self.window_seconds).removesuffix("-0")
+        batch = list(self.outbox)
+        try:
+            pipe = client.pipeline(transaction=False)
+            for record in batch:
+                pipe.xadd(self.settings.stream, self.entry(record), minid=minid, approximate=True)
+            pipe.execute()
+        except REDIS_ERRORS:
+            return 0
+        self.outbox.clear()
+        self.counters["index_published"] += len(batch)
+        return len(batch)
+
+
+# -- ingesting ---------------------------------------------------------------------------
+
+
+class OriginIngester:
+    """Ingests one origin replica's records into the engine as they arrive.
+
+    A prompt is ingested at once, so the other replicas see its fingerprints while its
+    response is still streaming (a leak of it can already be on its way elsewhere); an
+    output record (made when its exchange finished) runs all its steps in its origin's
+    sequence order. This is the order in which the records reach this replica, which is
+    the order the fingerprints came into existence, give or take the stream's latency.
+    (``RecordReplayer`` reproduces the origin engine's own findings exactly, but holds a
+    prompt back until every exchange in flight before it has finished on its origin:
+    seconds of blindness to a streaming source.)
+
+    Duplicates (a batch re-sent after a timeout that did reach Redis) are ignored: each
+    prompt is known by its sequence number until it leaves the window."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        # prompt seq -> (prompt time, its scan; None once its output was ingested)
+        self._scans: OrderedDict[int, tuple[float, ResponseScan | None]] = OrderedDict()
+
+    def push(self, record: Record) -> int:
+        """Ingest ``record``; returns the findings it made (already reported by the
+        replica that served the exchange: counted, not logged again)."""
+        if isinstance(record, PromptRecord):
+            if record.seq in self._scans:
+                return 0
+            self._scans[record.seq] = (record.time, self.engine.ingest_prompt(record))
+            self._forget_before(record.time - self.engine.config.window_seconds)
+            return 0
+        if isinstance(record, OutputRecord):
+            time_and_scan = self._scans.get(record.prompt_seq)
+            if time_and_scan is None or time_and_scan[1] is None:
+                return 0  # its prompt left the window (or never came), or a duplicate
+            prompt_time, scan = time_and_scan
+            steps = sorted(
+                (seq, choice.choice, i, choice)
+                for choice in record.choices
+                for i, seq in enumerate(choice.seqs.tolist())
+            )
+            found = 0
+            for _, _, i, choice in steps:
+                found += len(scan.replay_step(record, choice, i))
+            self._scans[record.prompt_seq] = (prompt_time, None)
+            return found
+        if isinstance(record, CanaryRecord):
+            self.engine.ingest_canary(record)
+        return 0
+
+    def _forget_before(self, horizon: float) -> None:
+        scans = self._scans
+        while scans:
+            seq, (when, _) = next(iter(scans.items()))
+            if when >= horizon:
+                break
+            del scans[seq]
+
+    def __len__(self) -> int:
+        return len(self._scans)
+
+
+class Ingester:
+    """Stream entries -> engine state, one ``OriginIngester`` per origin replica (each
+    engine numbers its own records)."""
+
+    def __init__(self, engine: Engine, replica_id: str, log: Any, counters: dict[str, int]) -> None:
+        self.engine = engine
+        self.replica_id = replica_id.encode()
+        self.key_id = engine.hasher.key_id.encode()
+        self.log = log
+        self.counters = counters
+        self.origins: dict[bytes, OriginIngester] = {}
+        self._refused_keys: set[bytes] = set()
+        self._corrupt_logged = False
+
+    def ingest(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+        origin = fields.get(ORIGIN, b"")
+        if origin == self.replica_id:
+            return
+        key = fields.get(KEY, b"")
+        if key != self.key_id:
+            self.counters["index_refused"] += 1
+            if key not in self._refused_keys and len(self._refused_keys) < 100:
+                self._refused_keys.add(key)
+                self.log.error(
+                    "index.refused",
+                    origin=origin.decode(errors="replace"),
+                    key_id=key.decode(errors="replace"),
+                    our_key_id=self.key_id.decode(),
+                    detail="records hashed under another detection.key: set the same key "
+                    "on every replica",
+                )
+            return
+        try:
+            record = decode(fields[RECORD])
+            origin_ingester = self.origins.get(origin)
+            if origin_ingester is None:
+                origin_ingester = self.origins[origin] = OriginIngester(self.engine)
+            found = origin_ingester.push(record)
+        except Exception as e:  # noqa: BLE001 -- one bad entry must not stop the others
+            self.counters["index_corrupt"] += 1
+            if not self._corrupt_logged:
+                self._corrupt_logged = True
+                self.log.error(
+                    "index.corrupt",
+                    entry=entry_id.decode(errors="replace"),
+                    origin=origin.decode(errors="replace"),
+                    reason=f"{type(e).__name__}: {e}"[:300],
+                )
+            return
+        self.counters["index_ingested"] += 1
+        self.counters["index_remote_findings"] += found
+
+
+class Consumer:
+    """Reads the stream from the last entry ingested (``XREAD BLOCK``), forever; after a
+    failure, reconnects with backoff and resumes where it stopped."""
+
+    def __init__(
+        self,
+        settings: IndexSettings,
+        ingester: Ingester,
+        health: Health,
+        window_seconds: float,
+    ) -> None:
+        self.settings = settings
+        self.ingester = ingester
+        self.health = health
+        self.window_seconds = window_seconds
+        self.last_id: bytes | None = None  # None: from the start of the window
+        self.backoff = Backoff(ceiling=settings.reconnect_max_seconds)
+
+    async def run(self, client: aredis.Redis) -> None:
+        stream = self.settings.stream
+        while True:
+            since = self.last_id or window_start_id(self.window_seconds).encode()
+            try:
+                reply = await client.xread({stream: since}, count=BATCH, block=BLOCK_MS)
+            except REDIS_ERRORS as e:
+                self.health.failed("consume", e)
+                await asyncio.sleep(self.backoff.delay())
+                continue
+            self.backoff.reset()
+            self.health.succeeded()
+            for _, entries in reply or []:
+                await self._ingest(entries)
+
+    async def _ingest(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        started = time.perf_counter()
+        for entry_id, fields in entries:
+            self.ingester.ingest(entry_id, fields)
+            self.last_id = entry_id
+            if time.perf_counter() - started > YIELD_AFTER:
+                # Live scans run on this loop too: never hold it for a whole batch.
+                await asyncio.sleep(0)
+                started = time.perf_counter()
+
+    def load_sync(self, client: redis.Redis, deadline: float) -> tuple[int, bool]:
+        """Ingest the window already in the stream (``XRANGE``), until ``deadline``
+        (monotonic). Returns (entries read, whether the whole window was read); the
+        background task goes on from where this stopped."""
+        stream = self.settings.stream
+        start = (self.last_id and b"(" + self.last_id) or window_start_id(self.window_seconds)
+        read = 0
+        while time.monotonic() < deadline:
+            entries = client.xrange(stream, min=start, max="+", count=BATCH)
+            if not entries:
+                return read, True
+            for entry_id, fields in entries:
+                self.ingester.ingest(entry_id, fields)
+                self.last_id = entry_id
+                read += 1
+            start = b"(" + self.last_id
+        return read, False
+
+
+# -- the addon's handle ---------------------------------------------------------------------
+
+
+class SharedIndex:
+    """One replica's link to the shared stream (see the module's docstring)."""
+
+    def __init__(
+        self,
+        settings: IndexSettings,
+        engine: Engine,
+        log: Any,
+        counters: dict[str, int],
+    ) -> None:
+        for name in (
+            "index_degraded",
+            "index_errors",
+            "index_published",
+            "index_dropped",
+            "index_ingested",
+            "index_refused",
+            "index_corrupt",
+            "index_remote_findings",
+        ):
+            counters.setdefault(name, 0)
+        self.settings = settings
+        self.engine = engine
+        self.log = log
+        self.counters = counters
+        self.replica_id = new_replica_id(settings.replica_name)
+        window = engine.config.window_seconds
+        self.health = Health(log, counters, settings.url)
+        self.publisher = Publisher(
+            settings, self.replica_id, engine.hasher.key_id, window, self.health, counters
+        )
+        self.ingester = Ingester(engine, self.replica_id, log, counters)
+        self.consumer = Consumer(settings, self.ingester, self.health, window)
+        self._tasks: list[asyncio.Task] = []
+        self._clients: list[aredis.Redis] = []
+
+    def publish(self, record: Record) -> None:
+        """Record sink of the addon (request path: no I/O here)."""
+        self.publisher.offer(record)
+
+    def _sync_client(self) -> redis.Redis:
+        s = self.settings
+        return redis.Redis.from_url(
+            s.client_url, retry=Retry(NoBackoff(), 0), **s.client_kwargs(s.timeout_seconds)
+        )
+
+    def _async_client(self, timeout: float) -> aredis.Redis:
+        s = self.settings
+        return aredis.Redis.from_url(
+            s.client_url, retry=AsyncRetry(NoBackoff(), 0), **s.client_kwargs(timeout)
+        )
+
+    def load_window(self) -> None:
+        """Ingest the current window from the stream, synchronously: called at start,
+        before mitmproxy opens its listening port, so that a new or restarted replica
+        is ready with every replica's recent fingerprints before it takes traffic.
+        Bounded by ``load_timeout_seconds``; Redis down: logged, the replica starts
+        with what it has and the consumer catches up once Redis answers."""
+        started = time.monotonic()
+        client = self._sync_client()
+        try:
+            read, complete = self.consumer.load_sync(
+                client, started + self.settings.load_timeout_seconds
+            )
+        except REDIS_ERRORS as e:
+            self.health.failed("load", e)
+            read, complete = 0, False
+        finally:
+            client.close()
+        self.log.info(
+            "index.ready",
+            replica=self.replica_id,
+            url=redacted(self.settings.url),
+            stream=self.settings.stream,
+            entries=read,
+            origins=len(self.ingester.origins),
+            complete=complete,
+            seconds=round(time.monotonic() - started, 3),
+        )
+
+    def start(self) -> None:
+        """Launch the publisher and the consumer on the running (mitmproxy's) loop."""
+        if self._tasks:
+            return
+        timeout = self.settings.timeout_seconds
+        publish_client = self._async_client(timeout)
+        consume_client = self._async_client(timeout + BLOCK_MS / 1000)
+        self._clients = [publish_client, consume_client]
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self.publisher.run(publish_client), name="crosstalk-index-publish"),
+            loop.create_task(self.consumer.run(consume_client), name="crosstalk-index-consume"),
+        ]
+
+    def close(self) -> None:
+        """Stop the tasks, send what the outbox still holds (once, bounded by the
+        timeout) and log the counters (``index.stopped``)."""
+        for task in self._tasks:
+            task.cancel()
+        self._tasks = []
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to close
+            loop = asyncio.get_running_loop()
+            for client in self._clients:
+                loop.create_task(client.aclose())
+        self._clients = []
+        client = self._sync_client()
+        try:
+            flushed = self.publisher.flush_sync(client)
+        finally:
+            client.close()
+        self.log.info(
+            "index.stopped",
+            replica=self.replica_id,
+            flushed=flushed,
+            outbox=len(self.publisher.outbox),
+            **{k: v for k, v in self.counters.items() if k.startswith("index_")},
+        )
+
+
+def open_index(
+    config: Any, engine: Engine, log: Any, counters: dict[str, int]
+) -> SharedIndex | None:
+    """The shared index ``config`` asks for (None without ``index.url``)."""
+    settings = settings_from(config)
+    return None if settings is None else SharedIndex(settings, engine, log, counters)
+
+
+__all__ = [
+    "Backoff",
+    "Consumer",
+    "Health",
+    "IndexSettings",
+    "Ingester",
+    "OriginIngester",
+    "Publisher",
+    "SharedIndex",
+    "open_index",
+]

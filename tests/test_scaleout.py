@@ -1,0 +1,602 @@
+"""Scale-out on Redis (proxy/index_redis.py): replicas share their keyed records through
+a Redis Stream, against a real ``redis-server`` on a free loopback port (nothing mocked).
+
+- In one process: two engines linked through the stream (latency from publication to
+  visibility, cross-engine findings), a new replica loading the window, another key
+  refused, an outage (degraded once, bounded outbox, recovery, catch-up), trimming.
+- End to end: three ``crosstalk run`` replicas behind a round-robin done here, in front
+  of one simulator with fault injection: leaks whose source and victim passed different
+  replicas are found with the right source at the single-replica floors.
+- Faults end to end: Redis stopped while traffic flows (no client sees an error, local
+  detection goes on), started again (the outboxes catch the others up, cross-replica
+  detection resumes), one replica restarted (it rejoins with the window).
+
+``redis-server`` comes from the distribution (``.ci/run`` installs it). Without it the
+tests skip, except under CI=true, where they fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+import redis
+from conftest import (
+    ROOT,
+    TEST_KEY,
+    free_port,
+    read_events,
+    run_sim,
+    stop,
+    wait_for_events,
+    wait_for_port,
+)
+from traffic import Result, judge, load_truth, send
+
+from proxy.config import build_engine, load
+from proxy.eventlog import make_logger
+from proxy.index_redis import SharedIndex, settings_from
+from proxy.sim.workload import SimRequest, Workload
+
+# -- a real redis-server ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def redis_server_bin() -> str:
+    """The ``redis-server`` binary; skipped without one, failed under CI."""
+    found = shutil.which("redis-server")
+    if found is None:
+        message = (
+            "redis-server is not installed (Debian/Ubuntu: apt-get install redis-server; "
+            ".ci/run installs it)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: {message}")
+        pytest.skip(message)
+    return found
+
+
+class RedisServer:
+    """One redis-server on 127.0.0.1, stopped and started again on the same port."""
+
+    def __init__(self, binary: str, directory: Path, *extra: str) -> None:
+        self.binary = binary
+        self.directory = directory
+        self.port = free_port()
+        self.extra = extra
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--save", "", "--appendonly", "no", "--dir", str(self.directory),
+             *self.extra],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for_port(self.port, self.proc)
+        deadline = time.monotonic() + 10
+        while True:  # listening is not yet loaded: wait for PING
+            with contextlib.suppress(redis.RedisError):
+                if self.client().ping():
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError("redis-server does not answer PING")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+            self.proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, socket_timeout=5)
+
+
+@contextlib.contextmanager
+def redis_server(binary: str, directory: Path, *extra: str) -> Iterator[RedisServer]:
+    server = RedisServer(binary, directory, *extra)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- in one process ---------------------------------------------------------------------------
+
+
+class Events:
+    """A replica's JSON-lines event log, read back."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.log = make_logger(path)
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in read_events(self.path) if e["event"] == name]
+
+
+def replica(
+    tmp: Path, url: str, name: str, key: str = TEST_KEY, window: float = 600.0, **index
+) -> tuple:
+    """An engine and its SharedIndex, as the addon makes them, logging to ``name``."""
+    cfg = load(
+        None,
+        detection__key=key,
+        detection__window_seconds=window,
+        index__url=url,
+        index__reconnect_max_seconds=0.5,
+        **{f"index__{k}": v for k, v in index.items()},
+    )
+    engine = build_engine(cfg)
+    events = Events(tmp / f"{name}.jsonl")
+    counters: dict[str, int] = {}
+    return engine, SharedIndex(settings_from(cfg), engine, events.log, counters), events, counters
+
+
+def phrase(n: int = 12) -> str:
+    """Words nobody else uses."""
+    return " ".join(secrets.token_hex(3) + "q" for _ in range(n))
+
+
+SECRET = (
+    "Project Quillfeather merger terms: Halvorsen Bright pays 41.7 million for Ostrava "
+    "Lumen, closing on the ninth of Brumaire, codename saffron lantern"
+)
+
+
+async def until(predicate, timeout: float = 10.0) -> float:
+    """Seconds until ``predicate()`` held (polling the loop every 0.5 ms)."""
+    started = time.perf_counter()
+    while not predicate():
+        if time.perf_counter() - started > timeout:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.0005)
+    return time.perf_counter() - started
+
+
+def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
+    """A prompt observed by A is found as the source of a leak in B's output; a new
+    replica C loads the window before serving; records of another key are refused."""
+    with redis_server(redis_server_bin, tmp_path) as server:
+        a_engine, a, _, a_counts = replica(tmp_path, server.url, "a")
+        b_engine, b, b_events, b_counts = replica(tmp_path, server.url, "b")
+
+        async def scenario() -> list[float]:
+            a.load_window(), b.load_window()
+            a.start(), b.start()
+            # Publication to visibility on the other replica, one record at a time.
+            latencies = []
+            for i in range(200):
+                scan = a_engine.observe_prompt(f"tenant-{i % 7}", f"warm-{i}", phrase())
+                scan.feed(f"Answer {i}.")
+                scan.finish()
+                a.publish(scan.prompt)
+                latencies.append(await until(lambda n=2 * i: b_counts["index_ingested"] > n))
+                a.publish(scan.record())
+            scan = a_engine.observe_prompt("alpha", "source-1", SECRET)
+            a.publish(scan.prompt)
+            await until(lambda: b_counts["index_ingested"] == 401)
+            victim = b_engine.observe_prompt("beta", "victim-1", "How do I reset my password?")
+            found = victim.feed(f"Sure. {SECRET} Then click reset.") + victim.finish()
+            assert [(f.source_tenant, f.source_request_id) for f in found] == [
+                ("alpha", "source-1")
+            ]
+            a.close(), b.close()
+            await asyncio.sleep(0)
+            return latencies
+
+        latencies = asyncio.run(scenario())
+        q = statistics.quantiles([x * 1000 for x in latencies], n=100)
+        print(
+            f"publication -> visibility on another replica: p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms"
+        )
+        assert q[98] <= 250, q  # measured ~1 ms on loopback; the issue's target is 50 ms
+        assert a_counts["index_published"] == 401 and b_counts["index_ingested"] == 401
+        assert b_counts["index_remote_findings"] == 0  # A's own exchanges were clean
+        stopped = b_events.named("index.stopped")
+        assert stopped and stopped[0]["index_ingested"] == 401
+
+        # A replica that starts now loads the window before it serves: it knows the source.
+        c_engine, c, c_events, c_counts = replica(tmp_path, server.url, "c")
+        c.load_window()
+        ready = c_events.named("index.ready")[0]
+        assert ready["entries"] == 401 and ready["complete"] and ready["origins"] == 1
+        victim = c_engine.observe_prompt("gamma", "victim-2", "Any news today?")
+        found = victim.feed(f"Yes: {SECRET}") + victim.finish()
+        assert {f.source_tenant for f in found} == {"alpha"}
+
+        # Records hashed under another key mean nothing here: refused, logged once.
+        other_key = secrets.token_hex(32)
+        d_engine, d, _, _ = replica(tmp_path, server.url, "d", key=other_key)
+        for i in range(3):
+            d.publish(d_engine.observe_prompt("delta", f"d-{i}", SECRET).prompt)
+        d.close()  # flushes the outbox synchronously
+        e_engine, e, e_events, e_counts = replica(tmp_path, server.url, "e")
+        e.load_window()
+        assert e_counts["index_refused"] == 3 and e_counts["index_ingested"] == 401
+        assert len(e_events.named("index.refused")) == 1
+        # Nothing that left a replica is text: the secret's words are nowhere in Redis.
+        dump = b"".join(
+            v for _, fields in server.client().xrange("crosstalk:records") for v in fields.values()
+        )
+        assert b"Quillfeather" not in dump and b"saffron" not in dump.lower()
+
+
+def test_outage_degrades_once_holds_the_outbox_and_catches_up(tmp_path, redis_server_bin):
+    with redis_server(redis_server_bin, tmp_path) as server:
+        a_engine, a, a_events, a_counts = replica(tmp_path, server.url, "a", outbox_records=50)
+        b_engine, b, b_events, b_counts = replica(tmp_path, server.url, "b")
+        texts: dict[str, str] = {}
+
+        def observe(n: int, tag: str) -> None:
+            for i in range(n):
+                text = texts[f"{tag}-{i}"] = phrase()
+                a.publish(a_engine.observe_prompt("alpha", f"{tag}-{i}", text).prompt)
+
+        async def scenario() -> None:
+            a.load_window(), b.load_window()
+            a.start(), b.start()
+            observe(10, "before")
+            await until(lambda: b_counts["index_ingested"] == 10)
+            server.stop()
+            # Redis is gone: publishing never waits, the outbox keeps the newest 50.
+            started = time.perf_counter()
+            observe(80, "during")
+            assert time.perf_counter() - started < 2.0
+            await until(lambda: a_counts["index_degraded"] == 1 and b_counts["index_degraded"] == 1)
+            await asyncio.sleep(1.0)  # a few failed reconnections: still one episode each
+            assert len(a_events.named("index.degraded")) == 1
+            assert len(b_events.named("index.degraded")) == 1
+            assert a_counts["index_dropped"] == 30 and len(a.publisher.outbox) == 50
+            server.start()  # same port, empty
+            await until(lambda: b_counts["index_ingested"] == 60, timeout=20)
+            assert len(a_events.named("index.recovered")) == 1
+            assert len(b_events.named("index.recovered")) == 1
+            observe(5, "after")
+            await until(lambda: b_counts["index_ingested"] == 65)
+            a.close(), b.close()
+            await asyncio.sleep(0)
+
+        asyncio.run(scenario())
+        # B knows what A saw during the outage: the newest 50 of those 80 prompts.
+        for rid, known in (("during-79", True), ("during-30", True), ("during-29", False)):
+            victim = b_engine.observe_prompt("beta", f"victim-{rid}", "What is new?")
+            found = victim.feed(f"News: {texts[rid]}.") + victim.finish()
+            assert [f.source_request_id for f in found] == ([rid] if known else []), rid
+        assert a_counts["index_degraded"] == b_counts["index_degraded"] == 1
+
+
+def test_stream_is_trimmed_to_the_detection_window(tmp_path, redis_server_bin):
+    # Small stream nodes, so that approximate trimming (whole nodes) shows at this size.
+    with redis_server(redis_server_bin, tmp_path, "--stream-node-max-entries", "10") as server:
+        engine, index, _, counts = replica(tmp_path, server.url, "a", window=2.0)
+        assert engine.config.window_seconds == 2.0
+
+        async def scenario() -> None:
+            index.start()
+            for i in range(100):
+                index.publish(engine.observe_prompt("alpha", f"old-{i}", f"old {i}").prompt)
+            await until(lambda: counts["index_published"] == 100)
+            await asyncio.sleep(2.5)
+            for i in range(15):
+                index.publish(engine.observe_prompt("alpha", f"new-{i}", f"new {i}").prompt)
+            await until(lambda: counts["index_published"] == 115)
+            index.close()
+            await asyncio.sleep(0)
+
+        asyncio.run(scenario())
+        length = server.client().xlen("crosstalk:records")
+        assert length < 40, length  # the 100 old entries left with the window
+
+
+# -- three `crosstalk run` replicas ----------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    port: int
+    log: Path
+    proc: subprocess.Popen
+    config: Path
+    upstream: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def events(self, name: str | None = None) -> list[dict]:
+        return [e for e in read_events(self.log) if name is None or e["event"] == name]
+
+
+def replica_config(tmp: Path, name: str, warm_state: Path, url: str) -> Path:
+    """Each replica: the shared key, its own copy of the learned state, the index."""
+    root = tmp / name
+    root.mkdir()
+    shutil.copy(warm_state, root / "state.npz")
+    cfg = root / "crosstalk.toml"
+    cfg.write_text(
+        f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{root / "state.npz"}"\n'
+        f'[index]\nurl = "{url}"\nreplica_name = "{name}"\ntimeout_seconds = 0.5\n'
+        "reconnect_max_seconds = 0.5\n"
+    )
+    return cfg
+
+
+def start_replica(config: Path, upstream: str, port: int | None = None) -> Replica:
+    """``crosstalk run``: it loads the window before it listens, so an open port means
+    ready (``index.ready`` is in its log by then)."""
+    port = port or free_port()
+    log = config.parent / f"events-{port}-{time.monotonic_ns()}.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "run", "--upstream", upstream,
+         "--listen-port", str(port), "--config", str(config), "--log-file", str(log)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    wait_for_port(port, proc, timeout=60)
+    replica = Replica(port, log, proc, config, upstream)
+    assert replica.events("index.ready"), "listening before the window was loaded"
+    return replica
+
+
+@contextlib.contextmanager
+def replicas(tmp: Path, n: int, upstream: str, warm_state: Path, url: str):
+    configs = [replica_config(tmp, f"r{i}", warm_state, url) for i in range(n)]
+    with ThreadPoolExecutor(n) as pool:  # each start loads an engine: in parallel
+        started = list(pool.map(lambda c: start_replica(c, upstream), configs))
+    try:
+        yield started
+    finally:
+        for r in started:
+            stop(r.proc)
+
+
+def round_robin(urls: list[str], requests: list[SimRequest], concurrency: int = 16):
+    """Request i goes to replica i % len(urls): the load balancer."""
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(lambda ir: send(urls[ir[0] % len(urls)], ir[1]), enumerate(requests)))
+
+
+def all_events(reps: list[Replica]) -> list[dict]:
+    return [e for r in reps for e in r.events()]
+
+
+def exchanges_logged(reps: list[Replica], results: list[Result]) -> list[dict]:
+    ids = {r.request.request_id for r in results}
+
+    def logged() -> set:
+        return {e.get("request_id") for e in all_events(reps) if e["event"] == "exchange"}
+
+    deadline = time.monotonic() + 30
+    while not ids <= logged() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return all_events(reps)
+
+
+REQUESTS, TENANTS = 600, 24
+# The single-replica floors of tests/test_leaks_e2e.py (README, "Quality").
+MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.95, 0.004
+SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.2", "--seed", "11")
+
+
+def test_three_replicas_find_leaks_across_replicas(tmp_path, warm_state, redis_server_bin):
+    with (
+        redis_server(redis_server_bin, tmp_path) as server,
+        run_sim(tmp_path, *SIM_ARGS) as sim,
+        replicas(tmp_path, 3, sim.url, warm_state, server.url) as reps,
+    ):
+        requests = list(Workload(tenants=TENANTS, seed=21).requests(REQUESTS))
+        results = round_robin([r.url for r in reps], requests)
+        events = exchanges_logged(reps, results)
+        for r in results:
+            assert r.error is None, (r.request.request_id, r.error)
+            assert r.body == sim.sent(r.request.request_id), r.request.request_id
+        j = judge(results, load_truth(sim.truth), events, sim.sent)
+        for r in reps:
+            stop(r.proc)
+        stopped = [r.events("index.stopped")[0] for r in reps]
+    replica_of = {req.request_id: i % 3 for i, req in enumerate(requests)}
+    cross = [
+        t
+        for t in j.targets
+        if replica_of[t["request_id"]] != replica_of.get(t["source_request_id"])
+    ]
+    cross_found = [t for t in j.found if t in cross]
+    cross_right = [t for t in j.right_source if t in cross]
+    summary = (
+        f"targets={len(j.targets)} found={len(j.found)} right_source={len(j.right_source)} "
+        f"cross-replica: targets={len(cross)} found={len(cross_found)} right={len(cross_right)} "
+        f"clean={j.clean} flagged={len(j.clean_flagged)} "
+        f"missed={[(m['request_id'], m['kind'], m['leaked_text'][:60]) for m in j.missed]}"
+    )
+    print("3 replicas:", summary)
+    assert len(cross) >= 15, summary
+    assert len(j.found) / len(j.targets) >= MIN_RECALL, summary
+    assert len(cross_found) / len(cross) >= MIN_RECALL, summary
+    assert len(cross_right) / len(cross_found) >= MIN_RIGHT_SOURCE, summary
+    assert len(j.clean_flagged) / j.clean <= MAX_FALSE_POSITIVES, summary
+    # Findings are logged once, by the replica that served the victim.
+    detected = [e["request_id"] for e in events if e["event"] == "leak.detected"]
+    assert all(replica_of[rid] == i for i, r in enumerate(reps) for rid in
+               [e["request_id"] for e in r.events("leak.detected")])  # fmt: skip
+    assert detected
+    # Every record each replica published reached the two others.
+    published = [s["index_published"] for s in stopped]
+    for i, s in enumerate(stopped):
+        assert s["index_ingested"] == sum(published) - published[i], stopped
+        assert s["index_dropped"] == 0 and s["index_degraded"] == 0 and s["outbox"] == 0
+    assert sum(published) == 2 * REQUESTS
+
+
+# -- faults ----------------------------------------------------------------------------------
+
+
+def client(url: str, tenant: str, **headers: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{url}/v1", api_key="sk-test", max_retries=0, timeout=30,
+        default_headers={"X-Tenant-ID": tenant, **headers},
+    )  # fmt: skip
+
+
+def source_prompt(n: int) -> str:
+    """A private prompt with entities only this tenant has (forced 'entities' faults
+    draw from prompts with entities: only these)."""
+    tag = secrets.token_hex(3)
+    account = 10_000_000 + secrets.randbelow(80_000_000)
+    return (
+        f"Please move the billing contact of account ZX-{account} to "
+        f"morgan.{tag}.{n}@example.org before the next invoice run."
+    )
+
+
+def ask(url: str, tenant: str, text: str, **headers: str) -> str:
+    answer = client(url, tenant, **headers).chat.completions.create(
+        model="sim-llm-1", messages=[{"role": "user", "content": text}]
+    )
+    return answer.id
+
+
+class Background:
+    """Entity-free traffic from 8 tenants, round-robin over the given replicas, until
+    stopped (bounded by ``limit`` requests): the load that Redis fails under."""
+
+    def __init__(self, urls: list[str], limit: int = 3000) -> None:
+        self.urls = urls
+        self.limit = limit
+        self.results: list[tuple[str, str, bytes | None, str | None]] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(w,)) for w in range(4)]
+
+    def __enter__(self) -> Background:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+    def _run(self, worker: int) -> None:
+        i = worker
+        while not self._stop.is_set() and len(self.results) < self.limit:
+            url = self.urls[i % len(self.urls)]
+            rid = f"bg-{worker}-{i}-{secrets.token_hex(4)}"
+            tenant = f"bg-tenant-{i % 8}"
+            try:
+                c = client(url, tenant, **{"X-Request-ID": rid})
+                raw = c.chat.completions.with_raw_response.create(
+                    model="sim-llm-1",
+                    messages=[{"role": "user", "content": f"Tell me about topic {i} please"}],
+                )
+                self.results.append((rid, url, raw.http_response.content, None))
+            except Exception as e:  # noqa: BLE001 -- what a client would see
+                self.results.append((rid, url, None, f"{type(e).__name__}: {e}"))
+            i += 4
+
+
+def leaks_of(rep: Replica, request_id: str, timeout: float = 10.0) -> list[dict]:
+    events = wait_for_events(
+        rep.log,
+        lambda ev: any(e["event"] == "exchange" and e["request_id"] == request_id for e in ev),
+        timeout,
+    )
+    return [e for e in events if e["event"] == "leak.detected" and e["request_id"] == request_id]
+
+
+def forced_leak(sim, rep: Replica, tenant: str) -> tuple[str, list[dict], dict]:
+    """A request whose answer the simulator corrupts with another tenant's entities;
+    returns its id, what ``rep`` logged, and the simulator's truth line."""
+    rid = f"victim-{secrets.token_hex(6)}"
+    ask(rep.url, tenant, "Could you summarise what you can do for me today?",
+        **{"X-Request-ID": rid, "x-sim-fault": "entities"})  # fmt: skip
+    truth = {t["request_id"]: t for t in load_truth(sim.truth)}[rid]
+    return rid, leaks_of(rep, rid), truth
+
+
+def wait_logged(reps: list[Replica], name: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(r.events(name) for r in reps):
+        assert time.monotonic() < deadline, f"not every replica logged {name}"
+        time.sleep(0.05)
+
+
+def test_redis_outage_and_replica_restart(tmp_path, warm_state, redis_server_bin):
+    with (
+        redis_server(redis_server_bin, tmp_path) as server,
+        run_sim(tmp_path, "--token-delay", "0.001", "--seed", "5") as sim,
+        replicas(tmp_path, 3, sim.url, warm_state, server.url) as reps,
+    ):
+        r0, r1, r2 = reps
+        urls = [r.url for r in reps]
+        with Background(urls) as bg:
+            time.sleep(1.0)
+            server.stop()  # mid-run: requests are in flight on every replica
+            wait_logged(reps, "index.degraded")
+            # Local detection goes on: a source and its victim on the same replica.
+            src2 = f"src2-{secrets.token_hex(4)}"
+            ask(r0.url, "source-two", source_prompt(2), **{"X-Request-ID": src2})
+            rid, leaks, truth = forced_leak(sim, r0, "victim-two")
+            assert truth["source_request_id"] == src2  # the only candidate with entities
+            assert {(e["source_tenant"], e["kind"]) for e in leaks} == {("source-two", "entity")}
+            time.sleep(1.0)
+            during = len(bg.results)
+            server.start()  # same port, empty
+            wait_logged(reps, "index.recovered")
+            time.sleep(1.0)
+        assert len(bg.results) > during > 20
+        # No client saw anything of the outage: every answer is what the simulator sent.
+        for rid_bg, _, body, error in bg.results:
+            assert error is None, (rid_bg, error)
+            assert body == sim.sent(rid_bg), rid_bg
+
+        # Catch-up: the source seen by r0 during the outage reached r1 once Redis was back.
+        rid, leaks, truth = forced_leak(sim, r1, "victim-three")
+        assert truth["source_request_id"] == src2
+        assert {(e["source_tenant"], e["kind"]) for e in leaks} == {("source-two", "entity")}
+        # Cross-replica detection resumes for what is observed now.
+        src4 = f"src4-{secrets.token_hex(4)}"
+        ask(r2.url, "source-four", source_prompt(4), **{"X-Request-ID": src4})
+        time.sleep(0.3)
+        rid, leaks, truth = forced_leak(sim, r0, "victim-four")
+        assert truth["source_request_id"] in (src2, src4)
+        source = {src2: "source-two", src4: "source-four"}[truth["source_request_id"]]
+        assert {(e["source_tenant"], e["kind"]) for e in leaks} == {(source, "entity")}
+
+        # Restart r1: the new process loads the window before it listens.
+        stop(r1.proc)
+        stopped_r1 = r1.events("index.stopped")[0]
+        r1b = start_replica(r1.config, sim.url, port=r1.port)
+        reps[1] = r1b
+        ready = r1b.events("index.ready")[0]
+        assert ready["complete"] and ready["origins"] == 3, ready
+        assert ready["entries"] == server.client().xlen("crosstalk:records")
+        for tenant in ("victim-five", "victim-six"):
+            rid, leaks, truth = forced_leak(sim, r1b, tenant)
+            source = {src2: "source-two", src4: "source-four"}[truth["source_request_id"]]
+            assert {(e["source_tenant"], e["kind"]) for e in leaks} == {(source, "entity")}
+        for r in reps:
+            stop(r.proc)
+        stopped = [r.events("index.stopped")[0] for r in (r0, r2)] + [stopped_r1]
+    print("outage:", stopped)
+    for s in stopped:
+        assert s["index_degraded"] == 1 and s["index_dropped"] == 0, s
+        assert s["outbox"] == 0, s
