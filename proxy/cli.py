@@ -17,6 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "identify the engine and check it against isolation advisories",
         "proxy.commands.audit",
     ),
+    "probe": (
+        "send multi-tenant traffic and check answers for cross-tenant data",
+        "proxy.commands.probe",
+    ),
 }
 
 
