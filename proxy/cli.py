@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "send multi-tenant traffic and check answers for cross-tenant data",
         "proxy.commands.probe",
     ),
+    "verify-evidence": ("check the SHA-256 of evidence records", "proxy.commands.verify_evidence"),
 }
 
 
