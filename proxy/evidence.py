@@ -52,6 +52,7 @@ def layout(record: dict) -> bytes:
 
 
 def sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 
@@ -88,6 +89,8 @@ def sums_text(files: dict[str, bytes]) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class Written:
+    """Where a record was written and its hash (to note somewhere else)."""
+
     directory: Path
     record_sha256: str
 
@@ -120,6 +123,8 @@ def write_evidence(directory: str | Path, content: dict) -> Written:
 
 @dataclass(slots=True)
 class Verification:
+    """The outcome of checking one evidence directory."""
+
     directory: Path
     record_sha256: str | None = None
     problems: list[str] = field(default_factory=list)
@@ -194,9 +199,8 @@ _STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em auto;max-width:72em;color:#222}
 h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ccc}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ccc;padding:.3em .6em;
-text-align:left;vertical-align:top}th{background:#f4f4f4}code,pre{font-size:.9em}
-pre{background:#f7f7f7;padding:1em;overflow-x:auto}.applies,.fail{color:#a00;font-weight:bold}
-.check{color:#a60}.ok,.pass{color:#070}
+text-align:left;vertical-align:top}th{background:#f4f4f4}code{font-size:.9em}
+.applies{color:#a00;font-weight:bold}.check{color:#a60}.ok{color:#070}
 """
 
 
@@ -210,12 +214,18 @@ def _e(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _table(rows: list[tuple[Any, ...]], header: tuple[str, ...] | None = None) -> str:
+def _table(
+    rows: list[tuple[Any, ...]], header: tuple[str, ...] | None = None, status: bool = False
+) -> str:
+    """An HTML table; with ``status`` the first cell is styled by its value."""
     out = ["<table>"]
     if header:
         out.append("<tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr>")
     for row in rows:
-        out.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>")
+        cells = [f"<td>{_e(c)}</td>" for c in row]
+        if status and row:
+            cells[0] = f"<td class='{_e(row[0])}'>{_e(row[0])}</td>"
+        out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</table>")
     return "\n".join(out)
 
@@ -259,7 +269,9 @@ def render_html(record: dict) -> str:
             for a in assessments
         ]  # fmt: skip
         header = ("status", "id", "title", "fixed in", "why", "what to do", "source")
-        parts.append(_table(rows, header) if rows else "<p>No advisory for this engine.</p>")
+        parts.append(
+            _table(rows, header, status=True) if rows else "<p>No advisory for this engine.</p>"
+        )
     for section, title in (("parameters", "Probe parameters"), ("results", "Probe results")):
         if isinstance(body.get(section), dict):
             parts += [f"<h2>{title}</h2>", _kv(body[section])]
