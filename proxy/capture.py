@@ -40,6 +40,9 @@ TEE_KEY = "crosstalk.tee"  # flow.metadata while live: the streamed body so far
 CHUNKS_KEY = "crosstalk.chunks"
 #: flow.metadata as saved: when the crosstalk addon observed the prompt (epoch seconds).
 OBSERVED_KEY = "crosstalk.observed_at"
+#: flow.metadata as saved: when the ``response`` (or ``error``) hooks ran, i.e. when the
+#: addon scanned a buffered body (or closed a broken exchange), right after this one.
+ENDED_KEY = "crosstalk.ended_at"
 
 
 @dataclass
@@ -116,9 +119,11 @@ class CaptureWriter:
         self.written = 0
 
     def response(self, flow: http.HTTPFlow) -> None:
+        flow.metadata[ENDED_KEY] = time.time()
         self._write(flow)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        flow.metadata[ENDED_KEY] = time.time()
         received = flow.metadata.get(TEE_KEY)
         if flow.response is not None and flow.response.raw_content is None and received:
             flow.response.data.content = bytes(received.body)  # what came before the break

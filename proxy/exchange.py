@@ -97,6 +97,11 @@ class ExchangeMonitor:
     _unscanned: deque[bytes] = field(default_factory=deque)
     _cut_sent: bool = False
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """Live state (the engine's scan, callbacks): never part of a copied or saved
+        flow. mitmproxy deep-copies ``flow.metadata`` when it saves a flow (``-w``)."""
+        return None
+
     def observe_now(self) -> None:
         """Record the prompt if that has not happened yet (idempotent)."""
         observe, self.pending_observe = self.pending_observe, None

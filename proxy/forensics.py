@@ -125,7 +125,7 @@ class EventSink:
     ) -> None:
         fields = monitor.leak_fields(finding)  # never the text, whatever the config says
         fields["action"] = "replayed"
-        fields["recorded_at"] = iso(when)
+        fields["recorded_at"] = iso(when, "milliseconds")
         fields["capture"] = record.position
         self._quiet()
         self.log.warning("leak.detected", **fields)

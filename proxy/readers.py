@@ -32,7 +32,7 @@ from mitmproxy import exceptions, http
 from mitmproxy.io import FlowReader
 from mitmproxy.io.har import request_to_flow
 
-from .capture import CHUNKS_KEY, OBSERVED_KEY, chunk_timing
+from .capture import CHUNKS_KEY, ENDED_KEY, OBSERVED_KEY, chunk_timing
 from .replay import ExchangeRecord, RecordedResponse
 
 FORMATS = ("flows", "har", "jsonl")
@@ -171,19 +171,24 @@ def flow_record(flow: http.HTTPFlow, position: str) -> ExchangeRecord:
     req = flow.request
     observed = flow.metadata.get(OBSERVED_KEY)  # crosstalk captures: the exact moment
     when = observed if isinstance(observed, float) else req.timestamp_end or req.timestamp_start
-    failed_at = flow.error.timestamp if flow.error is not None else None
+    ended = flow.metadata.get(ENDED_KEY)  # crosstalk captures: when the hooks ran
+    ended = ended if isinstance(ended, float) else None
+    failed_at = (ended or flow.error.timestamp) if flow.error is not None else None
     response = None
     resp = flow.response
     if resp is not None and resp.status_code > 0:
         start = resp.timestamp_start or when
         blob = flow.metadata.get(CHUNKS_KEY)
         chunks = chunk_timing(blob, start) if isinstance(blob, bytes) and blob else None
+        end = resp.timestamp_end or failed_at or start
+        if ended and "text/event-stream" not in (resp.headers.get("content-type") or ""):
+            end = ended  # a buffered body is scanned in the response hook, just after
         response = RecordedResponse(
             status=resp.status_code,
             headers=resp.headers,
             body=resp.raw_content or b"",
             start=start,
-            end=resp.timestamp_end or failed_at or start,
+            end=end,
             complete=flow.error is None and resp.raw_content is not None,
             chunks=chunks,
         )

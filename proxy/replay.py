@@ -41,8 +41,10 @@ from .protocols.openai import ProtocolError, parse_request, route_for
 from .sse import SSEFramer
 from .tenants import HeaderView, TenantRules, request_id_of, resolve_tenant
 
-#: Records sorted per input file before the merge (``--sort-buffer``).
-DEFAULT_SORT_BUFFER = 4096
+#: Records sorted per input file before the merge (``--sort-buffer``), and the body
+#: bytes they may hold together: whichever bound is reached first releases the oldest.
+DEFAULT_SORT_BUFFER = 1024
+SORT_BUFFER_BYTES = 64 << 20
 #: Compressed streams cannot be cut into events: they are paced in pieces of this size.
 COMPRESSED_PIECE = 4096
 
@@ -88,6 +90,11 @@ class ExchangeRecord:
     def steps(self, replayer: Replayer) -> Iterator[float]:
         return replayer.exchange_steps(self)
 
+    @property
+    def nbytes(self) -> int:
+        """Body bytes held (what bounds the sort buffer)."""
+        return len(self.body) + (len(self.response.body) if self.response else 0)
+
 
 @dataclass(slots=True)
 class ReplayStats:
@@ -117,16 +124,21 @@ class ReplaySink(Protocol):
 
 
 def time_ordered[R: ReplayRecord](
-    records: Iterable[R], buffer: int = DEFAULT_SORT_BUFFER
+    records: Iterable[R], buffer: int = DEFAULT_SORT_BUFFER, max_bytes: int = SORT_BUFFER_BYTES
 ) -> Iterator[R]:
-    """``records`` sorted by time within a sliding buffer of ``buffer`` records: exact
-    for inputs whose records are never more than ``buffer`` places out of order."""
+    """``records`` sorted by time within a sliding buffer of ``buffer`` records (and at
+    most ``max_bytes`` of bodies): exact for inputs whose records are never more than
+    that many places out of order."""
     heap: list[tuple[float, int, R]] = []
     seq = itertools.count()
+    held = 0
     for record in records:
         heapq.heappush(heap, (record.time, next(seq), record))
-        if len(heap) > buffer:
-            yield heapq.heappop(heap)[2]
+        held += getattr(record, "nbytes", 0)
+        while len(heap) > buffer or (held > max_bytes and len(heap) > 1):
+            released = heapq.heappop(heap)[2]
+            held -= getattr(released, "nbytes", 0)
+            yield released
     while heap:
         yield heapq.heappop(heap)[2]
 

@@ -35,11 +35,11 @@ CHART_COLUMNS = 60
 REPORT_SUFFIXES = (".json", ".md", ".html", ".htm")
 
 
-def iso(ts: float | None) -> str | None:
-    """ISO 8601 UTC, seconds precision (None stays None)."""
+def iso(ts: float | None, timespec: str = "seconds") -> str | None:
+    """ISO 8601 UTC (None stays None)."""
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
 @dataclass

@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="records sorted per file before the merge (default 4096): a file may be this "
-        "many records out of time order",
+        help="records sorted per file before the merge (default 1024, and at most 64 MB of "
+        "bodies): a file may be this many records out of time order",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress line on a terminal")
 
