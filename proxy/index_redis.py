@@ -60,6 +60,7 @@ from .journal import decode, encode
 ORIGIN = b"o"  # the publishing replica's id
 KEY = b"k"  # the hashing key's id (records of another key mean nothing here)
 RECORD = b"r"  # proxy.journal.encode(record): one JSON line of keyed hashes and ids
+OFFERED = b"t"  # when the record entered the outbox (Unix time): for the latency figures
 
 BLOCK_MS = 1000  # XREAD BLOCK: how long one read waits for new entries
 BATCH = 500  # entries per XADD pipeline / XREAD / XRANGE
@@ -228,13 +229,14 @@ class Publisher:
         self.window_seconds = window_seconds
         self.health = health
         self.counters = counters
-        self.outbox: deque[Record] = deque()
+        self.outbox: deque[tuple[float, Record]] = deque()  # (offered at, record)
+        self.inflight: list[tuple[float, Record]] = []  # the batch being sent
         self.backoff = Backoff(ceiling=settings.reconnect_max_seconds)
         self._wake = asyncio.Event()
 
     def offer(self, record: Record) -> None:
         """Queue ``record`` for the stream (no I/O; called on the request path)."""
-        self.outbox.append(record)
+        self.outbox.append((time.time(), record))
         self._bound()
         self._wake.set()
 
@@ -243,8 +245,13 @@ class Publisher:
             self.outbox.popleft()
             self.counters["index_dropped"] += 1
 
-    def entry(self, record: Record) -> dict[bytes, bytes]:
-        return {ORIGIN: self.replica_id, KEY: self.key_id, RECORD: encode(record)}
+    def entry(self, offered: float, record: Record) -> dict[bytes, bytes]:
+        return {
+            ORIGIN: self.replica_id,
+            KEY: self.key_id,
+            RECORD: encode(record),
+            OFFERED: b"%.4f" % offered,
+        }
 
     async def run(self, client: aredis.Redis) -> None:
         while True:
@@ -252,40 +259,56 @@ class Publisher:
                 self._wake.clear()
                 await self._wake.wait()
             batch = [self.outbox.popleft() for _ in range(min(BATCH, len(self.outbox)))]
+            # Stopped mid-send, the batch may or may not be in Redis: ``flush_sync``
+            # sends it again (at least once; consumers ignore a duplicate).
+            self.inflight = batch
             try:
                 await self._send(client, batch)
             except REDIS_ERRORS as e:
+                self.inflight = []
                 self.outbox.extendleft(reversed(batch))
                 self._bound()
                 self.health.failed("publish", e)
                 await asyncio.sleep(self.backoff.delay())
                 continue
+            self.inflight = []
             self.counters["index_published"] += len(batch)
             self.backoff.reset()
             self.health.succeeded(outbox=len(self.outbox))
 
-    async def _send(self, client: aredis.Redis, batch: list[Record]) -> None:
+    async def _send(self, client: aredis.Redis, batch: list[tuple[float, Record]]) -> None:
         minid = window_start_id(self.window_seconds).removesuffix("-0")
         async with client.pipeline(transaction=False) as pipe:
-            for record in batch:
-                pipe.xadd(self.settings.stream, self.entry(record), minid=minid, approximate=True)
+            for offered, record in batch:
+                pipe.xadd(
+                    self.settings.stream,
+                    self.entry(offered, record),
+                    minid=minid,
+                    approximate=True,
+                )
             async with asyncio.timeout(self.settings.timeout_seconds):
                 await pipe.execute()
 
     def flush_sync(self, client: redis.Redis) -> int:
         """At exit: send what is left, once, with a synchronous client. Returns how many
         records were sent (0 when Redis does not answer)."""
-        if not self.outbox:
+        batch = self.inflight + list(self.outbox)
+        if not batch:
             return 0
         minid = window_start_id(self.window_seconds).removesuffix("-0")
-        batch = list(self.outbox)
         try:
             pipe = client.pipeline(transaction=False)
-            for record in batch:
-                pipe.xadd(self.settings.stream, self.entry(record), minid=minid, approximate=True)
+            for offered, record in batch:
+                pipe.xadd(
+                    self.settings.stream,
+                    self.entry(offered, record),
+                    minid=minid,
+                    approximate=True,
+                )
             pipe.execute()
         except REDIS_ERRORS:
             return 0
+        self.inflight = []
         self.outbox.clear()
         self.counters["index_published"] += len(batch)
         return len(batch)
@@ -314,19 +337,20 @@ class OriginIngester:
         # prompt seq -> (prompt time, its scan; None once its output was ingested)
         self._scans: OrderedDict[int, tuple[float, ResponseScan | None]] = OrderedDict()
 
-    def push(self, record: Record) -> int:
-        """Ingest ``record``; returns the findings it made (already reported by the
-        replica that served the exchange: counted, not logged again)."""
+    def push(self, record: Record) -> int | None:
+        """Ingest ``record``; returns how many findings it made (already reported by the
+        replica that served the exchange: counted, not logged again), or None when it
+        was not used (a duplicate, or an output whose prompt is unknown here)."""
         if isinstance(record, PromptRecord):
             if record.seq in self._scans:
-                return 0
+                return None
             self._scans[record.seq] = (record.time, self.engine.ingest_prompt(record))
             self._forget_before(record.time - self.engine.config.window_seconds)
             return 0
         if isinstance(record, OutputRecord):
             time_and_scan = self._scans.get(record.prompt_seq)
             if time_and_scan is None or time_and_scan[1] is None:
-                return 0  # its prompt left the window (or never came), or a duplicate
+                return None  # its prompt left the window (or never came), or a duplicate
             prompt_time, scan = time_and_scan
             steps = sorted(
                 (seq, choice.choice, i, choice)
@@ -403,6 +427,9 @@ class Ingester:
                     reason=f"{type(e).__name__}: {e}"[:300],
                 )
             return
+        if found is None:
+            self.counters["index_skipped"] += 1
+            return
         self.counters["index_ingested"] += 1
         self.counters["index_remote_findings"] += found
 
@@ -424,6 +451,9 @@ class Consumer:
         self.window_seconds = window_seconds
         self.last_id: bytes | None = None  # None: from the start of the window
         self.backoff = Backoff(ceiling=settings.reconnect_max_seconds)
+        # Seconds from a record's entry into its origin's outbox to its ingestion here
+        # (live reads only; the latest 10,000).
+        self.visibility: deque[float] = deque(maxlen=10_000)
 
     async def run(self, client: aredis.Redis) -> None:
         stream = self.settings.stream
@@ -445,10 +475,23 @@ class Consumer:
         for entry_id, fields in entries:
             self.ingester.ingest(entry_id, fields)
             self.last_id = entry_id
+            with contextlib.suppress(KeyError, ValueError):
+                self.visibility.append(time.time() - float(fields[OFFERED]))
             if time.perf_counter() - started > YIELD_AFTER:
                 # Live scans run on this loop too: never hold it for a whole batch.
                 await asyncio.sleep(0)
                 started = time.perf_counter()
+
+    def visibility_ms(self) -> dict[str, float]:
+        """p50, p99 and max of ``visibility``, in milliseconds (empty: no samples)."""
+        if not self.visibility:
+            return {}
+        ordered = sorted(self.visibility)
+        last = len(ordered) - 1
+        return {
+            name: round(ordered[min(last, int(q * len(ordered)))] * 1000, 2)
+            for name, q in (("p50", 0.5), ("p99", 0.99), ("max", 1.0))
+        }
 
     def load_sync(self, client: redis.Redis, deadline: float) -> tuple[int, bool]:
         """Ingest the window already in the stream (``XRANGE``), until ``deadline``
@@ -490,6 +533,7 @@ class SharedIndex:
             "index_ingested",
             "index_refused",
             "index_corrupt",
+            "index_skipped",
             "index_remote_findings",
         ):
             counters.setdefault(name, 0)
@@ -587,6 +631,7 @@ class SharedIndex:
             replica=self.replica_id,
             flushed=flushed,
             outbox=len(self.publisher.outbox),
+            visibility_ms=self.consumer.visibility_ms(),
             **{k: v for k, v in self.counters.items() if k.startswith("index_")},
         )
 

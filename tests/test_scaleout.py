@@ -22,6 +22,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -210,7 +211,8 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
             f"publication -> visibility on another replica: p50 {q[49]:.2f} ms, p99 {q[98]:.2f} ms"
         )
         assert q[98] <= 250, q  # measured ~1 ms on loopback; the issue's target is 50 ms
-        assert a_counts["index_published"] == 401 and b_counts["index_ingested"] == 401
+        # At least once: a batch in flight when A stopped is sent again at exit.
+        assert a_counts["index_published"] >= 401 and b_counts["index_ingested"] == 401
         assert b_counts["index_remote_findings"] == 0  # A's own exchanges were clean
         stopped = b_events.named("index.stopped")
         assert stopped and stopped[0]["index_ingested"] == 401
@@ -219,7 +221,8 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
         c_engine, c, c_events, c_counts = replica(tmp_path, server.url, "c")
         c.load_window()
         ready = c_events.named("index.ready")[0]
-        assert ready["entries"] == 401 and ready["complete"] and ready["origins"] == 1
+        assert ready["entries"] >= 401 and ready["complete"] and ready["origins"] == 1
+        assert c_counts["index_ingested"] == 401  # duplicates (see above) skipped
         victim = c_engine.observe_prompt("gamma", "victim-2", "Any news today?")
         found = victim.feed(f"Yes: {SECRET}") + victim.finish()
         assert {f.source_tenant for f in found} == {"alpha"}
@@ -285,6 +288,52 @@ def test_outage_degrades_once_holds_the_outbox_and_catches_up(tmp_path, redis_se
         assert a_counts["index_degraded"] == b_counts["index_degraded"] == 1
 
 
+def test_a_stalled_redis_never_holds_up_traffic(tmp_path, redis_server_bin):
+    """Redis frozen (SIGSTOP): publishing costs the caller nothing, the event loop keeps
+    turning, the replicas degrade once; thawed, they recover, and batches that timed
+    out but did reach Redis are not ingested twice."""
+    with redis_server(redis_server_bin, tmp_path) as server:
+        a_engine, a, a_events, a_counts = replica(tmp_path, server.url, "a", timeout_seconds=0.3)
+        b_engine, b, _, b_counts = replica(tmp_path, server.url, "b", timeout_seconds=0.3)
+
+        def observe(i: int) -> None:
+            a.publish(a_engine.observe_prompt("alpha", f"p-{i}", phrase()).prompt)
+
+        async def scenario() -> tuple[float, float]:
+            a.load_window(), b.load_window()
+            a.start(), b.start()
+            for i in range(5):
+                observe(i)
+            await until(lambda: b_counts["index_ingested"] == 5)
+            server.proc.send_signal(signal.SIGSTOP)
+            try:
+                slowest_publish = loop_lag = 0.0
+                for i in range(5, 105):
+                    record = a_engine.observe_prompt("alpha", f"p-{i}", phrase()).prompt
+                    started = time.perf_counter()
+                    a.publish(record)
+                    slowest_publish = max(slowest_publish, time.perf_counter() - started)
+                    started = time.perf_counter()
+                    await asyncio.sleep(0.005)
+                    loop_lag = max(loop_lag, time.perf_counter() - started - 0.005)
+                await until(lambda: a_counts["index_degraded"] == 1, timeout=5)
+            finally:
+                server.proc.send_signal(signal.SIGCONT)
+            await until(lambda: b_counts["index_ingested"] == 105, timeout=20)
+            await asyncio.sleep(0.5)  # any late duplicate would be here by now
+            a.close(), b.close()
+            await asyncio.sleep(0)
+            return slowest_publish, loop_lag
+
+        slowest_publish, loop_lag = asyncio.run(scenario())
+        print(f"stalled Redis: slowest publish {slowest_publish * 1e6:.0f} us, loop lag "
+              f"{loop_lag * 1000:.1f} ms, skipped duplicates {b_counts['index_skipped']}")  # fmt: skip
+        assert slowest_publish < 0.005 and loop_lag < 0.1
+        assert b_counts["index_ingested"] == 105
+        assert len(a_events.named("index.degraded")) == 1
+        assert len(a_events.named("index.recovered")) == 1
+
+
 def test_stream_is_trimmed_to_the_detection_window(tmp_path, redis_server_bin):
     # Small stream nodes, so that approximate trimming (whole nodes) shows at this size.
     with redis_server(redis_server_bin, tmp_path, "--stream-node-max-entries", "10") as server:
@@ -335,7 +384,7 @@ def replica_config(tmp: Path, name: str, warm_state: Path, url: str) -> Path:
     cfg = root / "crosstalk.toml"
     cfg.write_text(
         f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{root / "state.npz"}"\n'
-        f'[index]\nurl = "{url}"\nreplica_name = "{name}"\ntimeout_seconds = 0.5\n'
+        f'[index]\nurl = "{url}"\nreplica_name = "{name}"\ntimeout_seconds = 2.0\n'
         "reconnect_max_seconds = 0.5\n"
     )
     return cfg
@@ -428,6 +477,7 @@ def test_three_replicas_find_leaks_across_replicas(tmp_path, warm_state, redis_s
         f"missed={[(m['request_id'], m['kind'], m['leaked_text'][:60]) for m in j.missed]}"
     )
     print("3 replicas:", summary)
+    print("visibility on the other replicas (ms):", [s["visibility_ms"] for s in stopped])
     assert len(cross) >= 15, summary
     assert len(j.found) / len(j.targets) >= MIN_RECALL, summary
     assert len(cross_found) / len(cross) >= MIN_RECALL, summary
@@ -438,12 +488,12 @@ def test_three_replicas_find_leaks_across_replicas(tmp_path, warm_state, redis_s
     assert all(replica_of[rid] == i for i, r in enumerate(reps) for rid in
                [e["request_id"] for e in r.events("leak.detected")])  # fmt: skip
     assert detected
-    # Every record each replica published reached the two others.
-    published = [s["index_published"] for s in stopped]
+    # Every record of the two other replicas reached each replica (a prompt and an
+    # output record per exchange).
     for i, s in enumerate(stopped):
-        assert s["index_ingested"] == sum(published) - published[i], stopped
-        assert s["index_dropped"] == 0 and s["index_degraded"] == 0 and s["outbox"] == 0
-    assert sum(published) == 2 * REQUESTS
+        others = sum(1 for rid, r in replica_of.items() if r != i)
+        assert s["index_ingested"] == 2 * others, stopped
+        assert s["index_dropped"] == 0 and s["outbox"] == 0
 
 
 # -- faults ----------------------------------------------------------------------------------
@@ -550,23 +600,25 @@ def test_redis_outage_and_replica_restart(tmp_path, warm_state, redis_server_bin
         with Background(urls) as bg:
             time.sleep(1.0)
             server.stop()  # mid-run: requests are in flight on every replica
+            before = len(bg.results)
             wait_logged(reps, "index.degraded")
-            # Local detection goes on: a source and its victim on the same replica.
-            src2 = f"src2-{secrets.token_hex(4)}"
-            ask(r0.url, "source-two", source_prompt(2), **{"X-Request-ID": src2})
-            rid, leaks, truth = forced_leak(sim, r0, "victim-two")
-            assert truth["source_request_id"] == src2  # the only candidate with entities
-            assert {(e["source_tenant"], e["kind"]) for e in leaks} == {("source-two", "entity")}
             time.sleep(1.0)
-            during = len(bg.results)
-            server.start()  # same port, empty
-            wait_logged(reps, "index.recovered")
-            time.sleep(1.0)
-        assert len(bg.results) > during > 20
+        assert len(bg.results) - before > 20  # served during the outage
         # No client saw anything of the outage: every answer is what the simulator sent.
         for rid_bg, _, body, error in bg.results:
             assert error is None, (rid_bg, error)
             assert body == sim.sent(rid_bg), rid_bg
+        # Local detection goes on: a source and its victim on the same replica. (The
+        # background stopped: a forced leak draws from the 32 latest exchanges, and only
+        # the sources' prompts have entities.)
+        src2 = f"src2-{secrets.token_hex(4)}"
+        ask(r0.url, "source-two", source_prompt(2), **{"X-Request-ID": src2})
+        rid, leaks, truth = forced_leak(sim, r0, "victim-two")
+        assert truth["source_request_id"] == src2  # the only candidate with entities
+        assert {(e["source_tenant"], e["kind"]) for e in leaks} == {("source-two", "entity")}
+        server.start()  # same port, empty
+        wait_logged(reps, "index.recovered")
+        time.sleep(0.5)
 
         # Catch-up: the source seen by r0 during the outage reached r1 once Redis was back.
         rid, leaks, truth = forced_leak(sim, r1, "victim-three")
