@@ -38,6 +38,7 @@ from .records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
 from .tokens import StreamTokenizer, unit_texts
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
+LEARN_BATCH = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,13 +278,20 @@ class Engine:
     def _learn(
         self, tenant: str, fps: list[int], now: float
     ) -> tuple[list[bool], list[tuple[int, ...]]]:
-        """Counts ``tenant``'s use of each fingerprint in the commonness sketch.
+        """``_classify``, then ``_count_use`` at once (a prompt)."""
+        private, owners, unowned = self._classify(tenant, fps)
+        self._count_use(tenant, unowned, now)
+        return private, owners
 
-        Returns, per fingerprint, whether it is still private (not baseline, not
-        common) and its current owners in the index (one lookup serves both).
-        """
+    def _classify(
+        self, tenant: str, fps: list[int]
+    ) -> tuple[list[bool], list[tuple[int, ...]], list[int]]:
+        """Per fingerprint: whether it is still private (not baseline, not common) and
+        its current owners in the index; and the fingerprints whose use by ``tenant``
+        the commonness sketch must count (common text no longer needs counting; nor
+        does text this tenant already owns in the index)."""
         if not fps:
-            return [], []
+            return [], [], []
         counts = self.sketch.counts(fps)
         threshold = self.config.common_tenants
         owners = self.index.lookup(fps)
@@ -293,16 +301,19 @@ class Engine:
             for fp, count, values in zip(fps, counts, owners, strict=True)
             if count < threshold and all(tenant_of(v) != tenant for v in values)
         ]
-        if unowned:
-            first_use = self.pairs.first_seen(self._tenant_key(tenant), unowned, now)
-            if first_use:
-                self.sketch.increment(first_use, now)
         baseline = self.baseline
         private = [
             count < threshold and fp not in baseline and len(values) < 64
             for fp, count, values in zip(fps, counts, owners, strict=True)
         ]
-        return private, owners
+        return private, owners, unowned
+
+    def _count_use(self, tenant: str, fps: list[int], now: float) -> None:
+        """Count ``tenant``'s use of ``fps`` in the sketch, once per tenant (pair filter)."""
+        if fps:
+            first_use = self.pairs.first_seen(self._tenant_key(tenant), fps, now)
+            if first_use:
+                self.sketch.increment(first_use, now)
 
     def _tenant_key(self, tenant: str) -> int:
         key = self._tenant_keys.get(tenant)
@@ -598,10 +609,12 @@ class ResponseScan:
         if final and (tail := winnower.flush()):
             selected.append(tail)
         if not new:
-            self._index_output(selected)
+            state.to_index += [fp for _, fp in selected]
+            self._learn_from(state, final)
             return []
         fps = [fp for _, fp in new]
-        is_private, owners = engine._learn(self.tenant, fps, self._now)
+        is_private, owners, unowned = engine._classify(self.tenant, fps)
+        state.to_count += unowned
         private = {fp for fp, keep in zip(fps, is_private, strict=True) if keep}
         state.private_kgrams += sum(is_private)
         touched: set[int] = set()
@@ -616,8 +629,21 @@ class ResponseScan:
                 # Another tenant's text in this output is not this tenant's text: it must
                 # not make a later leak of it to the same tenant look like its own.
                 private.discard(fp)
-        self._index_output(selected, private)
+        state.to_index += [fp for _, fp in selected if fp in private]
+        self._learn_from(state, final)
         return self._fragment_findings(state, choice, touched)
+
+    def _learn_from(self, state: _ChoiceState, final: bool) -> None:
+        """What the output teaches the engine (its use of text, counted in the sketch;
+        its private fingerprints, as a source for later responses), in batches of
+        ``LEARN_BATCH`` k-grams: per delta this was a third of the scan's time. A
+        concurrent response can match this output a few words later, no more."""
+        if not final and len(state.to_count) + len(state.to_index) < LEARN_BATCH:
+            return
+        engine = self.engine
+        engine._count_use(self.tenant, state.to_count, self._now)
+        engine.index.add_many(state.to_index, (self.slot << 1) | 1, self._now)
+        state.to_count, state.to_index = [], []
 
     def _foreign_values(self, values: tuple[int, ...]) -> list[int]:
         """The index values (request slot and prompt/output bit) that make this k-gram
@@ -637,10 +663,6 @@ class ResponseScan:
         if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
             return []
         return foreign
-
-    def _index_output(self, selected: list[tuple[int, int]], private: set[int] | None = None):
-        kept = (fp for _, fp in selected if private is None or fp in private)
-        self.engine.index.add_many(kept, (self.slot << 1) | 1, self._now)
 
     def _fragment_findings(
         self, state: _ChoiceState, choice: int, touched: set[int]
@@ -774,6 +796,8 @@ class _ChoiceState:
         "chars",
         "seqs",
         "finished",
+        "to_count",
+        "to_index",
     )
 
     def __init__(self, engine: Engine, own_units: frozenset[int] = frozenset()) -> None:
@@ -799,6 +823,9 @@ class _ChoiceState:
         self.chars = 0
         self.seqs: list[int] = []
         self.finished = False  # replay: its last step ran
+        # Learning from the output, batched (ResponseScan._learn_from).
+        self.to_count: list[int] = []
+        self.to_index: list[int] = []
 
     def add_units(
         self,
