@@ -391,6 +391,121 @@ def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does()
     assert findings["whole"] == findings["steps"]
 
 
+def test_a_replica_starts_while_redis_is_down(tmp_path, redis_server_bin):
+    """Redis unreachable at start: the replica is ready at once with what it has, and
+    catches up (both ways) once Redis answers."""
+    server = RedisServer(redis_server_bin, tmp_path)  # not started yet
+    try:
+        a_engine, a, a_events, a_counts = replica(tmp_path, server.url, "a")
+        started = time.monotonic()
+        a.load_window()
+        assert time.monotonic() - started < 2.0
+        ready = a_events.named("index.ready")[0]
+        assert ready["complete"] is False and ready["entries"] == 0
+        assert [e["where"] for e in a_events.named("index.degraded")] == ["load"]
+
+        async def scenario() -> None:
+            a.start()
+            for i in range(3):
+                a.publish(a_engine.observe_prompt("alpha", f"early-{i}", phrase()).prompt)
+            await asyncio.sleep(0.3)
+            server.start()
+            await until(lambda: a_counts["index_published"] == 3, timeout=10)
+            a.close()
+            await asyncio.sleep(0)
+
+        asyncio.run(scenario())
+        assert len(a_events.named("index.recovered")) == 1
+        _, b, b_events, b_counts = replica(tmp_path, server.url, "b")
+        b.load_window()
+        assert b_counts["index_ingested"] == 3
+    finally:
+        server.stop()
+
+
+def test_tls_and_password(tmp_path, redis_server_bin):
+    """``tls = true`` with the CA that signed the server's certificate, and a password
+    (never logged); a wrong password is an outage like any other."""
+    ca, cert, key = make_certificates(tmp_path)
+    port = free_port()
+    tls = ("--port", "0", "--tls-port", str(port), "--tls-cert-file", str(cert),
+           "--tls-key-file", str(key), "--tls-ca-cert-file", str(ca),
+           "--tls-auth-clients", "no", "--requirepass", "s3cret-pw")  # fmt: skip
+    proc = subprocess.Popen(
+        [redis_server_bin, "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path), *tls],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port, proc)
+        url = f"redis://127.0.0.1:{port}/0"
+        options = {"tls": True, "tls_ca_file": str(ca)}
+        a_engine, a, a_events, a_counts = replica(
+            tmp_path, url, "a", password="s3cret-pw", **options
+        )
+        for i in range(3):
+            a.publish(a_engine.observe_prompt("alpha", f"tls-{i}", phrase()).prompt)
+        a.close()  # synchronous flush over TLS
+        assert a_counts["index_published"] == 3
+        _, b, _, b_counts = replica(tmp_path, url, "b", password="s3cret-pw", **options)
+        b.load_window()
+        assert b_counts["index_ingested"] == 3
+        _, c, c_events, c_counts = replica(tmp_path, url, "c", password="wrong", **options)
+        c.load_window()
+        assert c_counts["index_ingested"] == 0
+        degraded = c_events.named("index.degraded")
+        assert len(degraded) == 1 and "Authentication" in degraded[0]["reason"], degraded
+        logs = b"".join(p.read_bytes() for p in tmp_path.glob("*.jsonl"))
+        assert b"s3cret-pw" not in logs
+    finally:
+        stop(proc)
+
+
+def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 it signed (PEM files)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def build(subject: str, issuer: str, public, signer, *, ca: bool, san=None):
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(public)
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if san is not None:
+            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = build("crosstalk test CA", "crosstalk test CA", ca_key.public_key(), ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    san = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
+    cert = build("127.0.0.1", "crosstalk test CA", key.public_key(), ca_key, ca=False, san=san)
+    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
+    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.TraditionalOpenSSL,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
+
+
 def test_stream_is_trimmed_to_the_detection_window(tmp_path, redis_server_bin):
     # Small stream nodes, so that approximate trimming (whole nodes) shows at this size.
     with redis_server(redis_server_bin, tmp_path, "--stream-node-max-entries", "10") as server:
