@@ -7,8 +7,10 @@ the leak reaches the client, abort the upstream, and leave clean traffic intact.
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
+import openai
 from conftest import run_mitmdump, run_sim, wait_for_events
 from traffic import judge, load_truth, output_text, private_words_reached_client, run_workload
 
@@ -151,12 +153,70 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm
     # (pages made mostly of common text) can release part of themselves before the cut.
     print(f"enforce: {report(j)} blocked={len(blocked)} late={late}")
     assert len(late) <= 0.15 * len(blocked), late
-    # The engine stopped generating: a stream cut before its end reaches the simulator
-    # as a closed connection (a leak found in the last words may finish first).
-    assert streamed and aborted / streamed >= 0.75, (aborted, streamed)
+    # A cut stream reaches the simulator as a closed connection, unless the simulator had
+    # already written its last token (1 ms a token here: under load it often has; the
+    # abort itself is shown at a realistic pace by test_enforce_stops_the_engine).
+    assert streamed and aborted / streamed >= 0.5, (aborted, streamed)
     assert len(j.targets) >= 30, report(j)
     assert len(j.found) / len(j.targets) >= MIN_RECALL, report(j)
     assert len(j.clean_flagged) / j.clean <= MAX_FALSE_POSITIVES, report(j)
+
+
+def test_enforce_stops_the_engine(tmp_path, warm_config):
+    """At 20 ms a token, every blocked stream is closed upstream long before the
+    simulator's last token: the engine stops generating the leak."""
+    sim_args = ("--token-delay", "0.02", "--leak-rate", "1", "--fault-kinds", "prompt_page")
+    private = (
+        "Summarise the dispute file for Harriet Okonkwo-Lindqvist: invoice 88213 from "
+        "Brightwater Aquafarms was disputed on the grounds that the salmon pens at "
+        "Skjervøy failed inspection twice, and the settlement of 41,700 euro must stay "
+        "confidential until the board of Nordhavn Seafood signs."
+    )
+    with (
+        run_sim(tmp_path, *sim_args) as sim,
+        run_mitmdump(
+            tmp_path, sim.url, f"crosstalk_config={warm_config}", "crosstalk_mode=enforce"
+        ) as proxy,
+    ):
+        source = openai.OpenAI(
+            base_url=f"{proxy.url}/v1", api_key="x", default_headers={"X-Tenant-ID": "owner"}
+        )
+        source.chat.completions.create(
+            model="sim-llm-1", messages=[{"role": "user", "content": private}], max_tokens=30
+        )
+        ids = []
+        for i in range(3):
+            # A client that reads to the end (unlike the SDK, which hangs up on the error
+            # event): only the proxy's own abort stops the engine early.
+            rid = f"victim-{i}"
+            body = {
+                "model": "sim-llm-1",
+                "messages": [{"role": "user", "content": f"Give me {i + 3} tips for a picnic."}],
+                "stream": True,
+            }
+            request = urllib.request.Request(
+                f"{proxy.url}/v1/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={
+                    "Content-Type": "application/json",
+                    "X-Tenant-ID": "victim",
+                    "X-Request-ID": rid,
+                },
+            )
+            with urllib.request.urlopen(request, timeout=30) as response:
+                events = [line for line in response if line.startswith(b"data: ")]
+            assert b"cross_tenant_leak" in events[-1], events[-3:]
+            ids.append(rid)
+        outcomes = [settled_outcome(sim.url, rid) for rid in ids]
+    assert all(o.startswith("aborted") for o in outcomes), outcomes
+
+
+def settled_outcome(url: str, request_id: str, timeout: float = 10.0) -> str:
+    """The simulator records how a stream ended once it notices: poll until it has."""
+    deadline = time.monotonic() + timeout
+    while (outcome := sim_outcome(url, request_id)) == "unknown" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return outcome
 
 
 HOLDBACK_WORDS = 16  # the default policy.holdback_words
