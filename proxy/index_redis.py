@@ -11,7 +11,7 @@ fingerprints, whichever replica they came through.
 Pieces, one concern each:
 
 - ``Health``: Redis reachable or not. Logs ``index.degraded`` once per episode and
-  ``index.recovered`` when it ends, counts episodes, and paces reconnection (``Backoff``).
+  ``index.recovered`` when it ends, and counts episodes; ``Backoff`` paces reconnection.
 - ``Publisher``: a bounded in-memory outbox that the request path appends to (no Redis
   call there), drained by a background task with pipelined ``XADD``. Each entry trims
   the stream to the detection window (``MINID ~``: entry ids are millisecond times).
@@ -93,7 +93,7 @@ class IndexSettings:
         }
         if self.password:
             kwargs["password"] = self.password
-        if self.tls_ca_file:
+        if self.tls_ca_file and self.client_url.startswith("rediss://"):
             kwargs["ssl_ca_certs"] = self.tls_ca_file
         return kwargs
 
@@ -105,21 +105,13 @@ class IndexSettings:
 
 
 def settings_from(config: Any) -> IndexSettings | None:
-    """The settings of a ``proxy.config.Config``; None without ``index.url``."""
+    """The settings of a ``proxy.config.Config`` (its ``[index]``, field for field);
+    None without ``index.url``."""
     section = config.index
     if not section.url:
         return None
     return IndexSettings(
-        url=section.url,
-        password=section.password,
-        tls=section.tls,
-        tls_ca_file=section.tls_ca_file,
-        stream=section.stream,
-        replica_name=section.replica_name,
-        outbox_records=section.outbox_records,
-        timeout_seconds=section.timeout_seconds,
-        load_timeout_seconds=section.load_timeout_seconds,
-        reconnect_max_seconds=section.reconnect_max_seconds,
+        **{f.name: getattr(section, f.name) for f in dataclasses.fields(IndexSettings)}
     )
 
 
@@ -208,13 +200,24 @@ REDIS_ERRORS = (redis.RedisError, OSError, asyncio.TimeoutError)
 # -- publishing -------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class Pending:
+    """A record waiting in the outbox, and its stream entry once encoded (kept, so
+    that a batch retried after an outage is not encoded again)."""
+
+    offered: float  # when it entered the outbox (Unix time)
+    record: Record
+    entry: dict[bytes, bytes] | None = None
+
+
 class Publisher:
     """Sends this replica's records to the stream without ever making traffic wait.
 
     ``offer`` (request path) appends to a bounded deque; ``run`` (a background task)
-    drains it in pipelined batches. A batch that fails goes back to the front of the
-    outbox and is retried after a backoff; beyond ``outbox_records`` the oldest records
-    are dropped and counted (``index_dropped``)."""
+    drains it in pipelined batches, encoding them a few milliseconds at a time. A batch
+    that fails goes back to the front of the outbox and is retried after a backoff;
+    beyond ``outbox_records`` the oldest records are dropped and counted
+    (``index_dropped``)."""
 
     def __init__(
         self,
@@ -231,15 +234,16 @@ class Publisher:
         self.window_seconds = window_seconds
         self.health = health
         self.counters = counters
-        self.outbox: deque[tuple[float, Record]] = deque()  # (offered at, record)
-        self.inflight: list[tuple[float, Record]] = []  # the batch being sent
+        self.outbox: deque[Pending] = deque()
+        self.inflight: list[Pending] = []  # the batch being sent
         self.encode_seconds = 0.0  # CPU spent encoding entries (for the cost figures)
+        self.encoded = 0
         self.backoff = Backoff(ceiling=settings.reconnect_max_seconds)
         self._wake = asyncio.Event()
 
     def offer(self, record: Record) -> None:
         """Queue ``record`` for the stream (no I/O; called on the request path)."""
-        self.outbox.append((time.time(), record))
+        self.outbox.append(Pending(time.time(), record))
         self._bound()
         self._wake.set()
 
@@ -248,18 +252,21 @@ class Publisher:
             self.outbox.popleft()
             self.counters["index_dropped"] += 1
 
-    def entry(self, offered: float, record: Record) -> dict[bytes, bytes]:
-        started = time.perf_counter()
-        # zlib level 1: 17 -> 10 bytes per unit hash for ~30 us (Redis memory is the
-        # bound at scale: README, "Scale-out").
-        encoded = zlib.compress(encode(record), 1)
-        self.encode_seconds += time.perf_counter() - started
-        return {
-            ORIGIN: self.replica_id,
-            KEY: self.key_id,
-            RECORD: encoded,
-            OFFERED: b"%.4f" % offered,
-        }
+    def entry(self, pending: Pending) -> dict[bytes, bytes]:
+        """The stream entry of ``pending`` (encoded once)."""
+        if pending.entry is None:
+            started = time.perf_counter()
+            # zlib level 1: 17 -> 10 bytes per unit hash for ~30 us (Redis memory is
+            # the bound at scale: README, "Scale-out").
+            pending.entry = {
+                ORIGIN: self.replica_id,
+                KEY: self.key_id,
+                RECORD: zlib.compress(encode(pending.record), 1),
+                OFFERED: b"%.4f" % pending.offered,
+            }
+            self.encode_seconds += time.perf_counter() - started
+            self.encoded += 1
+        return pending.entry
 
     async def run(self, client: aredis.Redis) -> None:
         while True:
@@ -284,16 +291,15 @@ class Publisher:
             self.backoff.reset()
             self.health.succeeded(outbox=len(self.outbox))
 
-    async def _send(self, client: aredis.Redis, batch: list[tuple[float, Record]]) -> None:
+    async def _send(self, client: aredis.Redis, batch: list[Pending]) -> None:
         minid = window_start_id(self.window_seconds).removesuffix("-0")
+        started = time.perf_counter()
         async with client.pipeline(transaction=False) as pipe:
-            for offered, record in batch:
-                pipe.xadd(
-                    self.settings.stream,
-                    self.entry(offered, record),
-                    minid=minid,
-                    approximate=True,
-                )
+            for pending in batch:
+                pipe.xadd(self.settings.stream, self.entry(pending), minid=minid, approximate=True)
+                if time.perf_counter() - started > YIELD_AFTER:
+                    await asyncio.sleep(0)  # a backlog is encoded between live events
+                    started = time.perf_counter()
             async with asyncio.timeout(self.settings.timeout_seconds):
                 await pipe.execute()
 
@@ -305,14 +311,10 @@ class Publisher:
             return 0
         minid = window_start_id(self.window_seconds).removesuffix("-0")
         try:
+            client.ping()  # before encoding a backlog for a Redis that is not there
             pipe = client.pipeline(transaction=False)
-            for offered, record in batch:
-                pipe.xadd(
-                    self.settings.stream,
-                    self.entry(offered, record),
-                    minid=minid,
-                    approximate=True,
-                )
+            for pending in batch:
+                pipe.xadd(self.settings.stream, self.entry(pending), minid=minid, approximate=True)
             pipe.execute()
         except REDIS_ERRORS:
             return 0
@@ -654,7 +656,6 @@ class SharedIndex:
             flushed = self.publisher.flush_sync(client)
         finally:
             client.close()
-        published = self.counters["index_published"]
         ingested = self.counters["index_ingested"] + self.counters["index_skipped"]
         self.log.info(
             "index.stopped",
@@ -662,7 +663,9 @@ class SharedIndex:
             flushed=flushed,
             outbox=len(self.publisher.outbox),
             visibility_ms=self.consumer.visibility_ms(),
-            encode_us=round(self.publisher.encode_seconds * 1e6 / max(1, published), 1),
+            encode_us=round(
+                self.publisher.encode_seconds * 1e6 / max(1, self.publisher.encoded), 1
+            ),
             ingest_us=round(self.ingester.seconds * 1e6 / max(1, ingested), 1),
             **{k: v for k, v in self.counters.items() if k.startswith("index_")},
         )
