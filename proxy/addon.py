@@ -244,6 +244,7 @@ class CrossTalk:
             on_block=lambda _: self._abort_upstream(flow),
             model=parsed.model if parsed else None,
             prompt_chars=len(parsed.prompt) if parsed else 0,
+            scan_batch_chars=self.config.policy.shadow_batch_chars,
         )
         flow.metadata[METADATA_KEY] = monitor
         if parsed is not None:

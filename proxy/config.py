@@ -84,6 +84,9 @@ class PolicySection:
     # requests (a loaded state_file counts): a fresh engine does not yet know the
     # deployment's boilerplate. Entities and canaries block from the start.
     learn_requests: int = 1000
+    # Shadow mode feeds the detector this many characters of output at a time (0: every
+    # SSE delta): findings come a few words later, for a fraction of the CPU.
+    shadow_batch_chars: int = 64
     # Overrides by tenant ([policy.tenants.NAME]) and by path prefix
     # ([policy.routes."/v1/completions"]): mode, min_foreign_words, holdback_words.
     tenants: dict[str, dict] = field(default_factory=dict)
@@ -256,6 +259,8 @@ def journal_settings(config: Config) -> JournalSettings | None:
 
 
 def _validate_policy(policy: PolicySection) -> None:
+    if policy.shadow_batch_chars < 0:
+        raise ConfigError("policy.shadow_batch_chars must be >= 0")
     if policy.fail not in ("open", "closed"):
         raise ConfigError(f"policy.fail must be open or closed, not {policy.fail!r}")
     if policy.holdback_words < 0 or policy.detector_budget_ms <= 0:

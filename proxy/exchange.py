@@ -92,8 +92,14 @@ class ExchangeMonitor:
     _framer: SSEFramer | None = None
     _gate: StreamGate | None = None
     keep_text: bool = False  # keep the output text (log_evidence_text)
+    # Shadow: feed the engine this many characters of output at a time (0: every
+    # delta). Nothing waits on a shadow verdict, and the engine's cost is mostly per
+    # call: batching a few words cuts the CPU it takes from mitmproxy's event loop.
+    scan_batch_chars: int = 0
     pending_observe: Callable[[], None] | None = None  # records the prompt (sets scan)
     _texts: dict[int, list[str]] = field(default_factory=dict)
+    _batched: dict[int, list[str]] = field(default_factory=dict)
+    _batched_chars: int = 0
     _unscanned: deque[bytes] = field(default_factory=deque)
     _cut_sent: bool = False
 
@@ -258,11 +264,24 @@ class ExchangeMonitor:
             self.output_chars += len(delta.text)
             if self.keep_text:
                 self._texts.setdefault(delta.choice, []).append(delta.text)
-            if self.scan is not None:
+            if self.scan is None:
+                continue
+            if self.scan_batch_chars and self.enforcement is None:
+                self._batched.setdefault(delta.choice, []).append(delta.text)
+                self._batched_chars += len(delta.text)
+                if self._batched_chars >= self.scan_batch_chars:
+                    self._feed_batched()
+            else:
                 self._report(self._timed(self.scan.feed, delta.text, delta.choice))
+
+    def _feed_batched(self) -> None:
+        batched, self._batched, self._batched_chars = self._batched, {}, 0
+        for choice, texts in batched.items():
+            self._report(self._timed(self.scan.feed, "".join(texts), choice))
 
     def _finish(self) -> None:
         if self.scan is not None and not self.scan.finished:
+            self._feed_batched()
             self._report(self._timed(self.scan.finish))
 
     def _timed(self, call, *args) -> list[Finding]:

@@ -328,6 +328,7 @@ class Replayer:
             enforcement=None,
             model=parsed.model if parsed else None,
             prompt_chars=len(parsed.prompt) if parsed else 0,
+            scan_batch_chars=self.config.policy.shadow_batch_chars,
         )
         if parsed is not None:
             try:
