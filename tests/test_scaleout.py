@@ -539,6 +539,7 @@ class Replica:
     proc: subprocess.Popen
     config: Path
     upstream: str
+    index: str | None = None  # given by --index
 
     @property
     def url(self) -> str:
@@ -548,41 +549,48 @@ class Replica:
         return [e for e in read_events(self.log) if name is None or e["event"] == name]
 
 
-def replica_config(tmp: Path, name: str, warm_state: Path, url: str) -> Path:
-    """Each replica: the shared key, its own copy of the learned state, the index."""
+def replica_config(tmp: Path, name: str, warm_state: Path, url: str | None) -> Path:
+    """Each replica: the shared key, its own copy of the learned state, the index
+    (``url`` None: given by ``--index`` instead)."""
     root = tmp / name
     root.mkdir()
     shutil.copy(warm_state, root / "state.npz")
     cfg = root / "crosstalk.toml"
     cfg.write_text(
         f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{root / "state.npz"}"\n'
-        f'[index]\nurl = "{url}"\nreplica_name = "{name}"\ntimeout_seconds = 2.0\n'
-        "reconnect_max_seconds = 0.5\n"
+        + (f'[index]\nurl = "{url}"\n' if url else "[index]\n")
+        + f'replica_name = "{name}"\ntimeout_seconds = 2.0\nreconnect_max_seconds = 0.5\n'
     )
     return cfg
 
 
-def start_replica(config: Path, upstream: str, port: int | None = None) -> Replica:
-    """``crosstalk run``: it loads the window before it listens, so an open port means
-    ready (``index.ready`` is in its log by then)."""
+def start_replica(
+    config: Path, upstream: str, port: int | None = None, index: str | None = None
+) -> Replica:
+    """``crosstalk run`` (with ``--index`` when given): it loads the window before it
+    listens, so an open port means ready (``index.ready`` is in its log by then)."""
     port = port or free_port()
     log = config.parent / f"events-{port}-{time.monotonic_ns()}.jsonl"
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy", "run", "--upstream", upstream,
-         "--listen-port", str(port), "--config", str(config), "--log-file", str(log)],
+         "--listen-port", str(port), "--config", str(config), "--log-file", str(log),
+         *(["--index", index] if index else [])],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     wait_for_port(port, proc, timeout=60)
-    replica = Replica(port, log, proc, config, upstream)
+    replica = Replica(port, log, proc, config, upstream, index)
     assert replica.events("index.ready"), "listening before the window was loaded"
     return replica
 
 
 @contextlib.contextmanager
-def replicas(tmp: Path, n: int, upstream: str, warm_state: Path, url: str):
-    configs = [replica_config(tmp, f"r{i}", warm_state, url) for i in range(n)]
+def replicas(tmp: Path, n: int, upstream: str, warm_state: Path, url: str, flag: bool = False):
+    """``n`` replicas; the index in their config, or with ``flag`` as ``--index``."""
+    configs = [replica_config(tmp, f"r{i}", warm_state, None if flag else url) for i in range(n)]
     with ThreadPoolExecutor(n) as pool:  # each start loads an engine: in parallel
-        started = list(pool.map(lambda c: start_replica(c, upstream), configs))
+        started = list(
+            pool.map(lambda c: start_replica(c, upstream, index=url if flag else None), configs)
+        )
     try:
         yield started
     finally:
@@ -690,6 +698,15 @@ def stream_memory(client: redis.Redis) -> dict[str, int]:
     return {"bytes": used, "units": units, "entries": entries}
 
 
+def test_index_needs_a_fixed_key(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "proxy", "run", "--index", "redis://127.0.0.1:1/0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "index.url needs a fixed detection.key" in result.stderr
+
+
 # -- faults ----------------------------------------------------------------------------------
 
 
@@ -787,7 +804,7 @@ def test_redis_outage_and_replica_restart(tmp_path, warm_state, redis_server_bin
     with (
         redis_server(redis_server_bin, tmp_path) as server,
         run_sim(tmp_path, "--token-delay", "0.001", "--seed", "5") as sim,
-        replicas(tmp_path, 3, sim.url, warm_state, server.url) as reps,
+        replicas(tmp_path, 3, sim.url, warm_state, server.url, flag=True) as reps,
     ):
         r0, r1, r2 = reps
         urls = [r.url for r in reps]
@@ -830,7 +847,7 @@ def test_redis_outage_and_replica_restart(tmp_path, warm_state, redis_server_bin
         # Restart r1: the new process loads the window before it listens.
         stop(r1.proc)
         stopped_r1 = r1.events("index.stopped")[0]
-        r1b = start_replica(r1.config, sim.url, port=r1.port)
+        r1b = start_replica(r1.config, sim.url, port=r1.port, index=r1.index)
         reps[1] = r1b
         ready = r1b.events("index.ready")[0]
         assert ready["complete"] and ready["origins"] == 3, ready
