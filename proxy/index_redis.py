@@ -363,6 +363,7 @@ class OriginIngester:
         self.engine = engine
         # prompt seq -> (prompt time, its scan; None once its output was ingested)
         self._scans: OrderedDict[int, tuple[float, ResponseScan | None]] = OrderedDict()
+        self.newest = time.time()  # the latest prompt's time (creation until the first)
 
     def push(self, record: Record) -> int | None:
         """Ingest ``record``; returns how many findings it made (already reported by the
@@ -372,6 +373,7 @@ class OriginIngester:
             if record.seq in self._scans:
                 return None
             self._scans[record.seq] = (record.time, self.engine.ingest_prompt(record))
+            self.newest = max(self.newest, record.time)
             self._forget_before(record.time - self.engine.config.window_seconds)
             return 0
         if isinstance(record, OutputRecord):
@@ -413,7 +415,7 @@ class Ingester:
         self.origins: dict[bytes, OriginIngester] = {}
         self._refused_keys: set[bytes] = set()
         self.seconds = 0.0  # spent ingesting (decoding + engine), for the cost figures
-        self._corrupt_logged = False
+        self._logged: set[str] = set()  # events logged once
 
     def ingest(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         started = time.perf_counter()
@@ -442,26 +444,45 @@ class Ingester:
             return
         try:
             record = decode(zlib.decompress(fields[RECORD]))
-            origin_ingester = self.origins.get(origin)
-            if origin_ingester is None:
-                origin_ingester = self.origins[origin] = OriginIngester(self.engine)
+        except (KeyError, ValueError, TypeError, IndexError, zlib.error) as e:
+            self._failed("index.corrupt", "index_corrupt", entry_id, origin, e)
+            return
+        origin_ingester = self.origins.get(origin)
+        if origin_ingester is None:
+            self._forget_idle_origins()
+            origin_ingester = self.origins[origin] = OriginIngester(self.engine)
+        try:
             found = origin_ingester.push(record)
-        except Exception as e:  # noqa: BLE001 -- one bad entry must not stop the others
-            self.counters["index_corrupt"] += 1
-            if not self._corrupt_logged:
-                self._corrupt_logged = True
-                self.log.error(
-                    "index.corrupt",
-                    entry=entry_id.decode(errors="replace"),
-                    origin=origin.decode(errors="replace"),
-                    reason=f"{type(e).__name__}: {e}"[:300],
-                )
+        except Exception as e:  # noqa: BLE001 -- fail open: the engine must go on
+            self._failed("index.ingest_failed", "index_errors", entry_id, origin, e)
             return
         if found is None:
             self.counters["index_skipped"] += 1
             return
         self.counters["index_ingested"] += 1
         self.counters["index_remote_findings"] += found
+
+    def _failed(
+        self, event: str, counter: str, entry_id: bytes, origin: bytes, error: Exception
+    ) -> None:
+        """Count an entry that could not be used; log the first of each kind."""
+        self.counters[counter] += 1
+        if event not in self._logged:
+            self._logged.add(event)
+            self.log.error(
+                event,
+                entry=entry_id.decode(errors="replace"),
+                origin=origin.decode(errors="replace"),
+                reason=f"{type(error).__name__}: {error}"[:300],
+            )
+
+    def _forget_idle_origins(self) -> None:
+        """Drop what is kept for origins (replicas that stopped: a restart gets a new
+        id) whose latest prompt left the window."""
+        horizon = time.time() - self.engine.config.window_seconds
+        for origin, ingester in list(self.origins.items()):
+            if ingester.newest < horizon:
+                del self.origins[origin]
 
 
 class Consumer:

@@ -239,15 +239,23 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
         for i in range(3):
             d.publish(d_engine.observe_prompt("delta", f"d-{i}", SECRET).prompt)
         d.close()  # flushes the outbox synchronously
+        # Entries that cannot be read are counted and skipped, the others still used.
+        for garbage in (b"not zlib", zlib.compress(b'{"t": "prompt"}')):
+            server.client().xadd(
+                "crosstalk:records",
+                {"o": "elsewhere", "k": a_engine.hasher.key_id, "r": garbage, "t": "0"},
+            )
         e_engine, e, e_events, e_counts = replica(tmp_path, server.url, "e")
         e.load_window()
         assert e_counts["index_refused"] == 3 and e_counts["index_ingested"] == 401
         assert len(e_events.named("index.refused")) == 1
+        assert e_counts["index_corrupt"] == 2 and len(e_events.named("index.corrupt")) == 1
         # Nothing that left a replica is text: the secret's words are nowhere in Redis.
         entries = server.client().xrange("crosstalk:records")
         dump = b"".join(
             zlib.decompress(v) if k == b"r" else v
             for _, fields in entries
+            if fields[b"o"] != b"elsewhere"  # the garbage above
             for k, v in fields.items()
         )
         assert b"alpha" in dump and b"source-1" in dump  # tenant and request ids: yes
