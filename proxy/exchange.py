@@ -58,6 +58,28 @@ class Enforcement:
     learning: bool = False
 
 
+def leak_event_fields(
+    request_id: str, tenant: str, finding: Finding, action: str
+) -> dict[str, Any]:
+    """The fields of a ``leak.detected`` event, built in one place so that the live
+    proxy and ``crosstalk replay`` (captures and journals) log findings identically.
+    Ids, counts and keyed hashes only."""
+    return {
+        "request_id": request_id,
+        "tenant": tenant,
+        "source_tenant": finding.source_tenant,
+        "source_request_id": finding.source_request_id,
+        "action": action,
+        "kind": finding.kind,
+        "score": finding.score,
+        "foreign_units": finding.foreign_units,
+        "output_offset": [finding.start, finding.end],
+        "detected_at": finding.detected_at,
+        "choice": finding.choice,
+        "evidence": finding.evidence,
+    }
+
+
 def words_in(text: str) -> float:
     """Output words in ``text`` (a CJK character counts half), as the engine counts."""
     return sum(u.weight for u in units_of(text)) / WORD_WEIGHT
@@ -322,23 +344,9 @@ class ExchangeMonitor:
         return "blocked" if finding is self.blocked_by else "logged"
 
     def leak_fields(self, finding: Finding, *, evidence_text: bool = False) -> dict[str, Any]:
-        """The fields of a ``leak.detected`` event for ``finding``: built in one place so
-        that the live proxy and ``crosstalk replay`` log findings identically. Ids,
-        counts and keyed hashes only; the leaked text only with ``evidence_text``."""
-        fields: dict[str, Any] = {
-            "request_id": self.request_id,
-            "tenant": self.tenant,
-            "source_tenant": finding.source_tenant,
-            "source_request_id": finding.source_request_id,
-            "action": self.action_for(finding),
-            "kind": finding.kind,
-            "score": finding.score,
-            "foreign_units": finding.foreign_units,
-            "output_offset": [finding.start, finding.end],
-            "detected_at": finding.detected_at,
-            "choice": finding.choice,
-            "evidence": finding.evidence,
-        }
+        """The fields of a ``leak.detected`` event for ``finding`` (``leak_event_fields``);
+        the leaked text only with ``evidence_text``."""
+        fields = leak_event_fields(self.request_id, self.tenant, finding, self.action_for(finding))
         if self.enforcement is not None and self.enforcement.learning:
             fields["learning"] = True
         if evidence_text:

@@ -16,10 +16,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from . import journal
 from .config import Config, build_engine, tenant_rules
-from .engine import Finding
+from .engine import Engine, Finding
+from .engine.records import OutputRecord
+from .engine.replayer import RecordReplayer, ReplayedFinding
 from .eventlog import make_logger
-from .exchange import ExchangeMonitor
+from .exchange import ExchangeMonitor, leak_event_fields
 from .readers import InputError, InputFile, Skipped, open_input, read_records
 from .replay import DEFAULT_SORT_BUFFER, ExchangeRecord, Replayer, ReplayStats, merge_inputs
 from .report import REPORT_SUFFIXES, IncidentBook, build_report, iso, write_report
@@ -131,6 +134,15 @@ class EventSink:
         self.log.warning("leak.detected", **fields)
         self.book.add(fields, when)
 
+    def journal_finding(self, found: ReplayedFinding, position: str) -> None:
+        """A finding of a replayed fingerprint journal (no monitor: keyed records)."""
+        fields = leak_event_fields(found.request_id, found.tenant, found.finding, "replayed")
+        fields["recorded_at"] = iso(found.time, "milliseconds")
+        fields["capture"] = position
+        self._quiet()
+        self.log.warning("leak.detected", **fields)
+        self.book.add(fields, found.time)
+
     def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None:
         self._quiet()
         self.log.error(
@@ -163,7 +175,8 @@ class EventSink:
 
 def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
     """Open every input and the event log up front, so that bad arguments or an
-    unreadable file stop the job before anything is replayed. Raises JobError."""
+    unreadable file stop the job before anything is replayed. Raises JobError.
+    Fingerprint journals are not opened here (``replay_journal`` checks them)."""
     for report in job.reports:
         if Path(report).suffix.lower() not in REPORT_SUFFIXES:
             raise JobError(f"--report must end in one of {', '.join(REPORT_SUFFIXES)}: {report}")
@@ -171,9 +184,16 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
         raise JobError("--sort-buffer must be >= 1")
     if job.state not in (None, "none") and not Path(job.state).is_file():
         raise JobError(f"--state {job.state}: no such file")
+    journals = [p for p in job.paths if journal.is_journal(p)]
+    if journals and len(journals) != len(job.paths):
+        raise JobError(
+            "fingerprint journals and captured traffic cannot be replayed together "
+            "(the engine replays its own records, captures go through the proxy's path): "
+            "replay them separately"
+        )
     sources: list[InputFile] = []
     try:
-        for path in job.paths:
+        for path in [] if journals else job.paths:
             sources.append(open_input(path, job.fmt))
     except InputError as e:
         for source in sources:
@@ -206,29 +226,33 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
     engine_config = engine.config
     log.info(
         "replay.started",
-        inputs=[f"{s.name} ({s.format})" for s in sources],
+        inputs=[f"{s.name} ({s.format})" for s in sources] or [f"{p} (journal)" for p in job.paths],
         key_id=engine.hasher.key_id,
         k=engine_config.k,
         window_seconds=engine_config.window_seconds,
     )
     book = IncidentBook()
-    progress = Progress(sys.stderr, sources) if job.progress else None
-    sink = EventSink(log, book, progress)
-    replayer = Replayer(
-        engine, rules, job.config, sink, on_progress=progress.update if progress else None
-    )
-    try:
-        streams = [read_records(s, sink.skip) for s in sources]
-        stats = replayer.run(merge_inputs(streams, job.sort_buffer))
-    finally:
-        if progress is not None:
-            progress.update(replayer.stats, force=True)
-            progress.clear()
-        for source in sources:
-            source.close()
+    if not sources:
+        sink = EventSink(log, book, None)
+        stats = replay_journal(job.paths, engine, sink)
+    else:
+        progress = Progress(sys.stderr, sources) if job.progress else None
+        sink = EventSink(log, book, progress)
+        replayer = Replayer(
+            engine, rules, job.config, sink, on_progress=progress.update if progress else None
+        )
+        try:
+            streams = [read_records(s, sink.skip) for s in sources]
+            stats = replayer.run(merge_inputs(streams, job.sort_buffer))
+        finally:
+            if progress is not None:
+                progress.update(replayer.stats, force=True)
+                progress.clear()
+            for source in sources:
+                source.close()
     seconds = time.monotonic() - started
     summary = {
-        "inputs": [s.name for s in sources],
+        "inputs": [s.name for s in sources] or list(job.paths),
         "traffic_from": iso(stats.first_time),
         "traffic_to": iso(stats.last_time),
         **{k: v for k, v in asdict(stats).items() if k not in ("first_time", "last_time")},
@@ -244,3 +268,36 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
         for path in job.reports:
             write_report(path, report)
     return ReplayOutcome(stats, sink.skipped_count, len(book.incidents), seconds)
+
+
+def replay_journal(paths: list[str], engine: Engine, sink: EventSink) -> ReplayStats:
+    """Replay fingerprint journals through ``engine`` (its key must be the journal's):
+    the findings live shadow mode made, from keyed records alone. Raises JobError when a
+    segment is of another key or format; a corrupt line is skipped with its position."""
+    key_id, k = engine.hasher.key_id, engine.config.k
+    try:
+        journal.check(paths, key_id, k)
+    except journal.JournalError as e:
+        raise JobError(str(e)) from e
+    stats = ReplayStats()
+    replayer = RecordReplayer(engine)
+    where = ", ".join(paths)
+
+    def skip(corrupt: journal.Corrupt) -> None:
+        sink.skip(Skipped(corrupt.path, corrupt.line, None, corrupt.reason))
+
+    def report(findings: list[ReplayedFinding]) -> None:
+        for found in findings:
+            stats.findings += 1
+            sink.journal_finding(found, where)
+
+    for record in journal.read(paths, key_id, k, skip):
+        stats.records += 1
+        if isinstance(record, OutputRecord):
+            stats.exchanges += 1
+        if stats.first_time is None:
+            stats.first_time = record.time
+        stats.last_time = max(stats.last_time or record.time, record.time)
+        report(replayer.push(record))
+    report(replayer.close())
+    return stats

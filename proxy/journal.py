@@ -253,8 +253,13 @@ class JournalWriter:
 class Corrupt:
     """A line that could not be read, and where it is."""
 
-    position: str
+    path: str
+    line: int
     reason: str
+
+    @property
+    def position(self) -> str:
+        return f"{self.path}:{self.line}"
 
 
 def segments(paths: Iterable[str | os.PathLike]) -> list[Path]:
@@ -271,6 +276,37 @@ def is_journal(path: str | os.PathLike) -> bool:
     if p.is_dir():
         return any(p.glob(f"journal-*{SUFFIX}"))
     return p.name.endswith(SUFFIX)
+
+
+def check(paths: Iterable[str | os.PathLike], key_id: str, k: int) -> list[Path]:
+    """The segments of ``paths``, each header checked (format, version, key, k) before
+    anything is replayed. Raises JournalError."""
+    found = segments(paths)
+    if not found:
+        raise JournalError("no journal segments (journal-*.ctj.gz) found")
+    for path in found:
+        try:
+            with gzip.open(path, "rb") as f:
+                _check_header(path, f.readline(), key_id, k)
+        except (OSError, EOFError) as e:
+            raise JournalError(f"{path}: unreadable: {e}") from e
+    return found
+
+
+def _check_header(path: Path, line: bytes, key_id: str, k: int) -> None:
+    try:
+        head = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise JournalError(f"{path}: not a crosstalk journal ({e})") from e
+    if not isinstance(head, dict) or head.get("format") != FORMAT:
+        raise JournalError(f"{path}: not a crosstalk journal")
+    if head.get("version") != VERSION:
+        raise JournalError(f"{path}: journal version {head.get('version')}, not {VERSION}")
+    if head.get("key_id") != key_id or head.get("k") != k:
+        raise JournalError(
+            f"{path}: written with key {head.get('key_id')} k={head.get('k')}, this "
+            f"engine has key {key_id} k={k}: set detection.key to the journal's key"
+        )
 
 
 def read(
@@ -292,24 +328,12 @@ def _read_segment(path: Path, key_id: str, k: int, on_corrupt) -> Iterator[Recor
         first = next(lines, None)
         if first is None:
             return
-        try:
-            head = orjson.loads(first[1])
-        except orjson.JSONDecodeError as e:
-            raise JournalError(f"{path}: not a crosstalk journal ({e})") from e
-        if not isinstance(head, dict) or head.get("format") != FORMAT:
-            raise JournalError(f"{path}: not a crosstalk journal")
-        if head.get("version") != VERSION:
-            raise JournalError(f"{path}: journal version {head.get('version')}, not {VERSION}")
-        if head.get("key_id") != key_id or head.get("k") != k:
-            raise JournalError(
-                f"{path}: written with key {head.get('key_id')} k={head.get('k')}, this "
-                f"engine has key {key_id} k={k}: set detection.key to the journal's key"
-            )
+        _check_header(path, first[1], key_id, k)
         for number, line in lines:
             try:
                 yield decode(line)
             except (ValueError, KeyError, TypeError, IndexError) as e:
-                on_corrupt(Corrupt(f"{path}:{number}", f"{type(e).__name__}: {e}"))
+                on_corrupt(Corrupt(str(path), number, f"{type(e).__name__}: {e}"))
 
 
 def _lines(f: gzip.GzipFile, path: Path, on_corrupt) -> Iterator[tuple[int, bytes]]:
@@ -318,4 +342,4 @@ def _lines(f: gzip.GzipFile, path: Path, on_corrupt) -> Iterator[tuple[int, byte
         for number, line in enumerate(f, 1):
             yield number, line
     except (EOFError, OSError, gzip.BadGzipFile) as e:
-        on_corrupt(Corrupt(f"{path}:{number + 1}", f"segment cut short: {e}"))
+        on_corrupt(Corrupt(str(path), number + 1, f"segment cut short: {e}"))

@@ -68,6 +68,7 @@ class Captured:
     root: Path
     config: Path
     flows: Path
+    journal: Path
     live_log: Path
     truth: list[dict]
     results: list[Result]
@@ -88,13 +89,13 @@ def captured(tmp_path_factory) -> Captured:
     root = tmp_path_factory.mktemp("replay")
     config = root / "crosstalk.toml"
     config.write_text(f'[detection]\nkey = "{TEST_KEY}"\n')
-    flows, live_log = root / "capture.flows", root / "live.jsonl"
+    flows, live_log, journal = root / "capture.flows", root / "live.jsonl", root / "journal"
     with run_sim(root, *SIM_ARGS) as sim:
         port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "proxy", "run", "--upstream", sim.url,
              "--listen-port", str(port), "--config", str(config),
-             "--log-file", str(live_log), "--capture", str(flows)],
+             "--log-file", str(live_log), "--capture", str(flows), "--journal", str(journal)],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
         try:
@@ -116,7 +117,7 @@ def captured(tmp_path_factory) -> Captured:
             assert stop(proc) == 0
         sent = {r.request.request_id: sim.sent(r.request.request_id) for r in results}
         truth = load_truth(sim.truth)
-    return Captured(root, config, flows, live_log, truth, results, sent)
+    return Captured(root, config, flows, journal, live_log, truth, results, sent)
 
 
 def test_capture_keeps_streamed_bodies_as_sent_with_chunk_timing(captured):
@@ -176,6 +177,38 @@ def test_replay_of_capture_finds_what_live_shadow_mode_found(captured, replayed_
     )
     finished = next(e for e in events if e["event"] == "replay.finished")
     assert finished["records"] == REQUESTS and finished["skipped"] == 0
+
+
+def test_replay_of_the_journal_finds_what_live_shadow_mode_found(captured, tmp_path):
+    """The fingerprint journal of the same run (keyed records, no text) replays to the
+    live findings, every field alike; with another key it is refused (exit 2)."""
+    report = tmp_path / "journal.json"
+    status, events = captured.replay(
+        captured.journal, name="journal", extra=("--report", str(report))
+    )
+    live = read_events(captured.live_log)
+    assert status == 1
+    assert leak_keys(events) == leak_keys(live) and len(leak_keys(live)) >= 20
+    assert set(all_fields(events)) == set(all_fields(live))
+    finished = next(e for e in events if e["event"] == "replay.finished")
+    assert finished["exchanges"] == REQUESTS and finished["skipped"] == 0
+    assert json.loads(report.read_text())["incidents"]
+    other = tmp_path / "other.toml"
+    other.write_text(f'[detection]\nkey = "{"ab" * 32}"\n')
+    argv = [
+        "replay",
+        str(captured.journal),
+        "--config",
+        str(other),
+        "--log-file",
+        str(tmp_path / "o.jsonl"),
+    ]
+    assert cli_main(argv) == 2
+
+
+def test_journal_and_capture_are_replayed_separately(captured, tmp_path):
+    argv = ["replay", str(captured.journal), str(captured.flows), "--log-file", str(tmp_path / "x")]
+    assert cli_main(argv) == 2
 
 
 def all_fields(events: list[dict]) -> list[tuple]:
