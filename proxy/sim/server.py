@@ -74,6 +74,9 @@ class _State:
     # How each stream ended: "complete" or "aborted after N of M events" (test hook:
     # GET /_sim/outcome/{request_id}), to show that a cut stream stopped generation.
     outcomes: dict[str, str] = field(default_factory=dict)
+    # The JSON body received per request id (newest SENT_RECORDS), for tests of what a
+    # gateway adds to requests (cache_salt, canaries): GET /_sim/received/{request_id}.
+    received: OrderedDict[str, dict] = field(default_factory=OrderedDict)
 
     def record(self, request_id: str, data: bytes) -> None:
         buf = self.sent.get(request_id)
@@ -324,6 +327,9 @@ def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) 
     """Parse a request, generate its answers and apply any fault (to choice 0)."""
     request_id = request.headers.get("X-Request-ID", "").strip() or f"sim-{next(state.counter):08d}"
     tenant = resolve_tenant(request.headers, body)
+    state.received[request_id] = body
+    while len(state.received) > SENT_RECORDS:
+        state.received.popitem(last=False)
     if kind == "chat":
         prompt, private = chat_prompt(body.get("messages"))
         max_words = _int_param(body, "max_completion_tokens", None, 0, 1_000_000)
@@ -348,6 +354,12 @@ def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) 
         text = full if max_words is None else truncate_units(full, max_words)
         finish.append("length" if len(text) < len(full.rstrip()) else "stop")
         answers.append(text)
+    if kind == "chat" and request.headers.get("x-sim-echo", "") == "system":
+        # A model that reveals its system prompt (test hook: prompt injection).
+        system = [
+            content_text(m.get("content")) for m in body["messages"] if m.get("role") == "system"
+        ]
+        answers[0] = "\n".join([*system, answers[0]])
     # A fault hits one sequence; choice 0 keeps the truth file one line per request. Random
     # faults skip responses that will never be delivered whole, or the truth file would list
     # leaks no detector could see; a forced fault is always applied.
@@ -476,6 +488,12 @@ async def outcome(request: web.Request) -> web.Response:
     return web.json_response({"outcome": result}, status=200 if result else 404)
 
 
+async def received(request: web.Request) -> web.Response:
+    """GET /_sim/received/{request_id}: the JSON body received for that request (test hook)."""
+    body = request.app[STATE_KEY].received.get(request.match_info["request_id"])
+    return web.json_response(body, status=200 if body is not None else 404)
+
+
 async def sent(request: web.Request) -> web.Response:
     """GET /_sim/sent/{request_id}: the exact body bytes sent for that request (test hook)."""
     data = request.app[STATE_KEY].sent.get(request.match_info["request_id"])
@@ -531,6 +549,7 @@ def make_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/_sim/sent/{request_id}", sent)
     app.router.add_get("/_sim/outcome/{request_id}", outcome)
+    app.router.add_get("/_sim/received/{request_id}", received)
     return app
 
 
