@@ -40,7 +40,7 @@ from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
 from proxy.engine.tokens import units_of  # noqa: E402
 from proxy.exchange import words_in  # noqa: E402
-from proxy.sim.faults import FaultInjector  # noqa: E402
+from proxy.sim.faults import ALL_FAULT_KINDS, FaultInjector  # noqa: E402
 from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
 from proxy.sim.textgen import answer_for  # noqa: E402
 from proxy.sim.workload import Workload  # noqa: E402
@@ -75,7 +75,7 @@ def run_traffic(
 ) -> tuple[list[Exchange], Engine]:
     rng = random.Random(seed)
     workload = Workload(tenants=args.tenants, seed=seed)
-    injector = FaultInjector(args.leak_rate, seed=seed + 1)
+    injector = FaultInjector(args.leak_rate, seed=seed + 1, kinds=args.fault_kinds.split(","))
     engine = Engine(
         config, baseline=load_baseline(args.baseline), plain_words=load_vocabulary(args.vocabulary)
     )
@@ -171,7 +171,7 @@ def evaluate(exchanges: list[Exchange], warmup: int, history: list[Exchange] = (
         row["hit"] += hit
         row["right"] += right
         in_target = (
-            key[0] in ("prompt_page", "output_page", "misroute")
+            key[0] in ("prompt_page", "noisy_page", "output_page", "misroute")
             and key[1] in ("8-16", "16-32", ">=32")
         ) or key == ("entities", "private")
         if in_target:
@@ -269,6 +269,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=[],
         metavar="FIELD=VALUE",
         help="override an EngineConfig field, e.g. --engine k=5 (repeatable)",
+    )
+    p.add_argument(
+        "--fault-kinds",
+        default=",".join(ALL_FAULT_KINDS),
+        help="comma-separated (default: all, noisy pages included)",
     )
     p.add_argument("--json", help="write the results as JSON here")
     p.add_argument("--show-fp", type=int, default=3, help="print N false positives and misses")

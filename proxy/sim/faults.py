@@ -20,6 +20,11 @@ from pathlib import Path
 from proxy.sim.textgen import count_units, is_mostly_cjk, question_part, split_units
 
 FAULT_KINDS: tuple[str, ...] = ("prompt_page", "output_page", "entities", "misroute", "degenerate")
+# Not in the default mix (the e2e tests' floors were measured without it): a prompt page
+# with about one word in twelve replaced, as when a page is only partly overwritten.
+EXTRA_FAULT_KINDS: tuple[str, ...] = ("noisy_page",)
+ALL_FAULT_KINDS = FAULT_KINDS + EXTRA_FAULT_KINDS
+NOISE_RATE = 1 / 12
 POSITIONS: tuple[str, ...] = ("prefix", "middle", "suffix", "whole")
 
 # How many of the most recent foreign exchanges a fault may draw from: a KV page is reused
@@ -179,6 +184,20 @@ def splice(answer: str, insert: str, rng: random.Random) -> tuple[str, str]:
     return text, position
 
 
+def add_noise(page: str, answer: str, rng: random.Random) -> str:
+    """``page`` with about ``NOISE_RATE`` of its words replaced by words of ``answer``:
+    a page only partly overwritten mixes the two requests' tokens."""
+    fillers = _NONBLANK_RE.findall(answer) or ["the"]
+    if is_mostly_cjk(page):
+        return "".join(
+            rng.choice(fillers)[:1] if not c.isspace() and rng.random() < NOISE_RATE else c
+            for c in page
+        )
+    return _NONBLANK_RE.sub(
+        lambda m: rng.choice(fillers) if rng.random() < NOISE_RATE else m.group(), page
+    )
+
+
 def degenerate_text(answer: str, rng: random.Random) -> tuple[str, str, str]:
     """Corrupt an answer into garbage; returns (new answer, garbage inserted, position)."""
     style = rng.choice(("loop", "soup", "truncated"))
@@ -221,9 +240,9 @@ class FaultInjector:
         history: int = 256,
         truth_path: str | Path | None = None,
     ) -> None:
-        unknown = [k for k in kinds if k not in FAULT_KINDS]
+        unknown = [k for k in kinds if k not in ALL_FAULT_KINDS]
         if unknown:
-            raise ValueError(f"unknown fault kinds {unknown}; expected some of {FAULT_KINDS}")
+            raise ValueError(f"unknown fault kinds {unknown}; expected some of {ALL_FAULT_KINDS}")
         if not kinds:
             raise ValueError("at least one fault kind is required")
         if not 0.0 <= rate <= 1.0:
@@ -263,8 +282,8 @@ class FaultInjector:
         """
         del prompt  # the victim's own prompt is never the source of a cross-tenant leak
         if force is not None:
-            if force not in FAULT_KINDS:
-                raise ValueError(f"unknown fault kind {force!r}; expected one of {FAULT_KINDS}")
+            if force not in ALL_FAULT_KINDS:
+                raise ValueError(f"unknown fault kind {force!r}; expected one of {ALL_FAULT_KINDS}")
             kind = force
         else:
             if self.rate <= 0.0 or self._rng.random() >= self.rate:
@@ -316,7 +335,7 @@ class FaultInjector:
                 "whole",
             )
         n = rng.choice(self.page_words)
-        if kind == "prompt_page":
+        if kind in ("prompt_page", "noisy_page"):
             # The private part is what matters; a shared system prompt is no secret. When the
             # private part is shorter than a page, leak the page that ends the prompt: it holds
             # the whole private part plus the tail of what precedes it.
@@ -328,6 +347,8 @@ class FaultInjector:
             page, units = take_page(source.output, n, rng)
         if not page:
             return None
+        if kind == "noisy_page":
+            page = add_noise(page, answer, rng)
         new, position = splice(answer, page, rng)
         return new, Fault(
             request_id, tenant, source.tenant, source.request_id, kind, page, units, position

@@ -1,8 +1,9 @@
 """Ground truth for measuring detection: how much of a leak was *private*.
 
-A leaked unit is private when it sits in a 4-unit shingle that no tenant other than the
-source ever used anywhere in the measured traffic (prompts, and answers minus the text
-leaked into them). This is an oracle with full hindsight, independent of the detector:
+A leaked unit is private when it sits in a 4-unit shingle that the source used and no
+other tenant ever used anywhere in the measured traffic (prompts, and answers minus the
+text leaked into them). A shingle nobody used (noise in a partly overwritten page) is
+no one's private text. This is an oracle with full hindsight, independent of the detector:
 benchmarks and tests use it to decide which injected leaks must be found.
 """
 
@@ -49,7 +50,7 @@ class PrivacyOracle:
             gram = tuple(u.text for u in units[i : i + ORACLE_K])
             if len(set(gram)) < 3:
                 continue  # "I I I I": a loop says nothing about whose text it is
-            if self.users.get(gram, set()) <= {source}:
+            if self.users.get(gram) == {source}:
                 for j in range(i, i + ORACLE_K):
                     private[j] = True
         return [(u.text, p, u.weight) for u, p in zip(units, private, strict=True)]
@@ -65,6 +66,4 @@ class PrivacyOracle:
     def private_shingles(self, source: str, leaked: str) -> set[tuple[str, ...]]:
         """Shingles of ``leaked`` that only ``source`` used: none may reach a client
         once the leak is blocked."""
-        return {
-            g for g in shingles(leaked) if len(set(g)) >= 3 and self.users.get(g, set()) <= {source}
-        }
+        return {g for g in shingles(leaked) if len(set(g)) >= 3 and self.users.get(g) == {source}}
