@@ -15,6 +15,7 @@ run: $(STAMP)
 	$(VENV)/bin/crosstalk run $(ARGS)
 
 test: $(STAMP)
+	@./scripts/ensure-redis.sh
 	$(VENV)/bin/ruff check proxy addons tests bench
 	$(VENV)/bin/ruff format --check proxy addons tests bench
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
