@@ -5,7 +5,7 @@ Load it in ``crosstalk run`` (embedded) or in your own mitmproxy::
     mitmdump -s addons/crosstalk.py --mode reverse:http://127.0.0.1:8000 \\
         --set crosstalk_config=config/crosstalk.example.toml
 
-Every LLM request (OpenAI chat/completions) gets a tenant and a request id, and its
+Every LLM request (the APIs of proxy.protocols) gets a tenant and a request id, and its
 prompt is observed before it goes upstream. Every response is scanned as it streams
 (SSE passes through as it arrives, never buffered) or whole when not streamed. One
 ``exchange`` event is logged per finished request. Anything else passes untouched.
@@ -27,7 +27,7 @@ from .eventlog import make_logger
 from .exchange import BLOCK_MESSAGE, FAILED_CLOSED_MESSAGE, Enforcement, ExchangeMonitor
 from .index_redis import SharedIndex, open_index
 from .journal import JournalWriter
-from .protocols.openai import ProtocolError, error_body, parse_request, route_for
+from .protocols import ProtocolError, Route, route_for
 from .tenants import TenantRules, request_id_of, resolve_tenant
 
 METADATA_KEY = "crosstalk"
@@ -210,7 +210,7 @@ class CrossTalk:
         request_id = request_id_of(flow.request.headers)
         flow.request.headers["x-request-id"] = request_id
         try:
-            parsed = parse_request(route, flow.request.get_content(strict=False) or b"")
+            parsed = route.parse_request(flow.request.get_content(strict=False) or b"")
         except ProtocolError as e:
             self.log.warning(
                 "request.unparsed", request_id=request_id, path=flow.request.path, reason=str(e)
@@ -219,7 +219,7 @@ class CrossTalk:
         tenant = resolve_tenant(self.rules, flow.request.headers, parsed.user if parsed else None)
         if tenant is None:
             if self.config.tenants.unknown == "reject":
-                self._reject_unknown_tenant(flow, request_id)
+                self._reject_unknown_tenant(flow, request_id, route)
                 return
             tenant = "anonymous"
         policy = self.config.policy_for(tenant, flow.request.path)
@@ -328,7 +328,7 @@ class CrossTalk:
         leak = monitor.blocked_by is not None
         flow.response = http.Response.make(
             451 if leak else 503,
-            error_body(
+            monitor.route.error_body(
                 BLOCK_MESSAGE if leak else FAILED_CLOSED_MESSAGE,
                 type="leak_blocked",
                 code="cross_tenant_leak" if leak else "detector_failed",
@@ -395,10 +395,10 @@ class CrossTalk:
             **fields,
         )
 
-    def _reject_unknown_tenant(self, flow: http.HTTPFlow, request_id: str) -> None:
+    def _reject_unknown_tenant(self, flow: http.HTTPFlow, request_id: str, route: Route) -> None:
         flow.response = http.Response.make(
             400,
-            error_body(
+            route.error_body(
                 "crosstalk: no tenant could be identified for this request",
                 type="invalid_request_error",
                 code="tenant_required",

@@ -27,14 +27,7 @@ from .decoding import Decoder, UnsupportedEncoding, stream_decoder
 from .engine import Finding, ResponseScan
 from .engine.tokens import WORD_WEIGHT, units_of
 from .gate import StreamGate
-from .protocols.openai import (
-    OutputDelta,
-    ProtocolError,
-    Route,
-    StreamParser,
-    error_event,
-    parse_response,
-)
+from .protocols import OutputDelta, ProtocolError, Route, StreamParserLike, as_route
 from .sse import SSEDecoder, SSEFramer
 
 FindingsCallback = Callable[["ExchangeMonitor", list[Finding]], None]
@@ -89,7 +82,7 @@ def words_in(text: str) -> float:
 class ExchangeMonitor:
     """Per-exchange state: identity, timings, the scan, the gate, and what was seen."""
 
-    route: Route
+    route: Route  # an OpenAI route name ("chat", "completions") is accepted too
     tenant: str
     request_id: str
     scan: ResponseScan | None
@@ -110,7 +103,7 @@ class ExchangeMonitor:
     truncated: bool = False
     _decode: Decoder | None = None
     _sse: SSEDecoder | None = None
-    _parser: StreamParser | None = None
+    _parser: StreamParserLike | None = None
     _framer: SSEFramer | None = None
     _gate: StreamGate | None = None
     keep_text: bool = False  # keep the output text (log_evidence_text)
@@ -124,6 +117,9 @@ class ExchangeMonitor:
     _batched_chars: int = 0
     _unscanned: deque[bytes] = field(default_factory=deque)
     _cut_sent: bool = False
+
+    def __post_init__(self) -> None:
+        self.route = as_route(self.route)
 
     def __deepcopy__(self, memo: dict) -> None:
         """Live state (the engine's scan, callbacks): never part of a copied or saved
@@ -141,7 +137,7 @@ class ExchangeMonitor:
     def start_stream(self, content_encoding: str | None) -> None:
         self.stream = True
         self._sse = SSEDecoder()
-        self._parser = StreamParser(self.route)
+        self._parser = self.route.stream_parser()
         try:
             self._decode = stream_decoder(content_encoding)
         except UnsupportedEncoding as e:
@@ -239,7 +235,9 @@ class ExchangeMonitor:
             self._gate.cut()
         if self.on_block is not None:
             self.on_block(self)
-        return [error_event(message, type="leak_blocked", code=code)]
+        return [
+            self.route.error_event(message, type="leak_blocked", code=code, parser=self._parser)
+        ]
 
     # -- whole responses ---------------------------------------------------------------
 
@@ -249,7 +247,7 @@ class ExchangeMonitor:
         if self.detector_error is not None:
             return
         try:
-            deltas = parse_response(self.route, body)
+            deltas = self.route.parse_response(body)
         except ProtocolError as e:
             self.detector_error = f"response not understood: {e}"
             self._finish()

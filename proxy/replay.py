@@ -37,7 +37,7 @@ from mitmproxy.net import encoding as http_encoding
 from .config import Config
 from .engine import Engine, Finding
 from .exchange import ExchangeMonitor
-from .protocols.openai import ProtocolError, parse_request, route_for
+from .protocols import ProtocolError, route_for
 from .sse import SSEFramer
 from .tenants import HeaderView, TenantRules, request_id_of, resolve_tenant
 
@@ -306,7 +306,7 @@ class Replayer:
         has_id = (headers.get("x-request-id") or "").strip()
         request_id = request_id_of(headers) if has_id else record.fallback_id
         try:
-            parsed = parse_request(route, record.body)
+            parsed = route.parse_request(record.body)
         except ProtocolError:
             self.stats.unparsed += 1
             parsed = None
