@@ -26,7 +26,8 @@ from .engine.records import Record
 from .eventlog import make_logger
 from .exchange import BLOCK_MESSAGE, FAILED_CLOSED_MESSAGE, Enforcement, ExchangeMonitor
 from .index_redis import SharedIndex, open_index
-from .journal import JournalWriter
+from .journal import JournalError, JournalWriter
+from .journal import load_window as journal_load_window
 from .protocols import ProtocolError, Route, route_for
 from .tenants import TenantRules, request_id_of, resolve_tenant
 
@@ -142,6 +143,14 @@ class CrossTalk:
         except OSError as e:
             raise exceptions.OptionsError(f"crosstalk: journal {settings.directory}: {e}") from e
         self.log.info("journal.opened", directory=settings.directory)
+        if self.config.index.url:
+            return  # a replica loads the window from the shared index instead
+        try:
+            loaded, corrupt = journal_load_window(self.engine, [settings.directory])
+        except (OSError, JournalError) as e:
+            self.log.warning("journal.unusable", directory=settings.directory, reason=str(e))
+            return
+        self.log.info("journal.loaded", records=loaded, corrupt=corrupt)
 
     def _open_index(self) -> None:
         """Scale-out (proxy/index_redis.py). At start the window is loaded here, before

@@ -28,7 +28,9 @@ from typing import Any
 import numpy as np
 import orjson
 
+from .engine import Engine
 from .engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
+from .engine.replayer import RecordReplayer
 
 FORMAT = "crosstalk-journal"
 VERSION = 1
@@ -343,3 +345,27 @@ def _lines(f: gzip.GzipFile, path: Path, on_corrupt) -> Iterator[tuple[int, byte
             yield number, line
     except (EOFError, OSError, gzip.BadGzipFile) as e:
         on_corrupt(Corrupt(str(path), number + 1, f"segment cut short: {e}"))
+
+
+def load_window(
+    engine: Engine, paths: Iterable[str | os.PathLike], now: float | None = None
+) -> tuple[int, int]:
+    """Teach ``engine`` the journal's records of the last window (``window_seconds``
+    before ``now``): a restarted proxy still knows the prompts and outputs it saw before
+    the restart. Findings among them were reported at the time and are not repeated.
+    Returns (records loaded, corrupt lines skipped). Raises JournalError for another
+    key."""
+    now = time.time() if now is None else now
+    horizon = now - engine.config.window_seconds
+    recent = [p for p in segments(paths) if p.stat().st_mtime >= horizon]
+    if not recent:
+        return 0, 0
+    corrupt: list[Corrupt] = []
+    replayer = RecordReplayer(engine)
+    loaded = 0
+    for record in read(recent, engine.hasher.key_id, engine.config.k, corrupt.append):
+        if record.time >= horizon or isinstance(record, CanaryRecord):
+            replayer.push(record)
+            loaded += 1
+    replayer.close()
+    return loaded, len(corrupt)

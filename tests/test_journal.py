@@ -6,8 +6,11 @@ from __future__ import annotations
 import gzip
 import os
 
+import openai
 import pytest
+from conftest import TEST_KEY, run_mitmdump, run_sim, wait_for_events
 from test_records import live_traffic
+from traffic import load_truth
 
 from proxy import journal
 from proxy.engine import Engine, EngineConfig
@@ -97,3 +100,63 @@ def test_segments_rotate_by_size_and_old_ones_are_pruned(tmp_path, traffic):
     assert len(segments) > 3
     key_id = Engine(EngineConfig(key=KEY)).hasher.key_id
     assert len(list(journal.read([tmp_path], key_id, 4))) == len(records)
+
+
+PRIVATE = (
+    "Please draft the settlement letter for Harriet Okonkwo-Lindqvist: invoice 88213 from "
+    "Brightwater Aquafarms was disputed because the salmon pens at Skjervoy failed the "
+    "inspection twice, and the 41,700 euro settlement stays confidential until the board "
+    "of Nordhavn Seafood signs it next Thursday."
+)
+
+
+@pytest.mark.parametrize("with_journal", [True, False])
+def test_restarted_proxy_still_catches_a_leak_of_a_prompt_seen_before(tmp_path, with_journal):
+    """The source's prompt passes one proxy process; the proxy restarts; the leak of that
+    prompt into another tenant's answer is still caught, from the journal's window (the
+    control without a journal misses it)."""
+    config = tmp_path / "crosstalk.toml"
+    config.write_text(f'[detection]\nkey = "{TEST_KEY}"\n')
+    sets = [f"crosstalk_config={config}"]
+    if with_journal:
+        sets.append(f"crosstalk_journal={tmp_path / 'journal'}")
+    sim_args = ("--leak-rate", "1", "--fault-kinds", "prompt_page", "--seed", "3")
+    with run_sim(tmp_path, *sim_args) as sim:
+        with run_mitmdump(tmp_path, sim.url, *sets) as proxy:
+            chat(proxy.url, "owner", PRIVATE, "owner-0")
+        with run_mitmdump(tmp_path, sim.url, *sets) as proxy:
+            for i in range(4):
+                chat(proxy.url, "victim", f"Tips for a picnic with {i + 2} friends?", f"victim-{i}")
+            ids = {f"victim-{i}" for i in range(4)}
+            events = wait_for_events(
+                proxy.log,
+                lambda ev: ids <= {e.get("request_id") for e in ev if e["event"] == "exchange"},
+            )
+        truth = load_truth(sim.truth)
+    # Pages of 16 words or more (the simulator also leaks 4- and 8-word pages, too short
+    # to tell apart from chance by design)
+    leaked = {
+        t["request_id"] for t in truth if t["source_tenant"] == "owner" and t["leaked_words"] >= 16
+    }
+    found = {
+        e["request_id"]
+        for e in events
+        if e["event"] == "leak.detected" and e["source_tenant"] == "owner"
+    }
+    assert len(leaked) >= 2, truth  # the simulator leaked the owner's prompt after the restart
+    if with_journal:
+        assert any(e["event"] == "journal.loaded" and e["records"] >= 2 for e in events)
+        assert leaked <= found
+    else:
+        assert not found
+
+
+def chat(url: str, tenant: str, content: str, request_id: str) -> None:
+    client = openai.OpenAI(
+        base_url=f"{url}/v1", api_key="x", default_headers={"X-Tenant-ID": tenant}
+    )
+    client.chat.completions.create(
+        model="sim-llm-1",
+        messages=[{"role": "user", "content": content}],
+        extra_headers={"X-Request-ID": request_id},
+    )

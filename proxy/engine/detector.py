@@ -141,8 +141,10 @@ class Engine:
         self._order: deque[int] = deque()  # slots by time, for expiry
         self._next_slot = 1
         self._last_sweep = 0.0
-        #: Orders prompts and feeds across concurrent scans (see ``records``).
-        self.sequence = 0
+        #: Orders prompts and feeds across concurrent scans (see ``records``). Starts at
+        #: the clock in microseconds, so that a restarted process keeps numbering after the
+        #: last one (a journal spans restarts).
+        self.sequence = time.time_ns() // 1000
         self._in_flight: dict[int, int] = {}  # slot -> sequence number of its prompt
         #: Requests this engine learned from (loaded state included): how much it knows
         #: about what is common. A policy can wait for enough before blocking.
