@@ -112,6 +112,10 @@ class ExchangeMonitor:
     # call: batching a few words cuts the CPU it takes from mitmproxy's event loop.
     scan_batch_chars: int = 0
     pending_observe: Callable[[], None] | None = None  # records the prompt (sets scan)
+    # Observers set by other addons (proxy/guards.py, proxy/metrics.py): every output
+    # delta (choice, text), and the seconds each engine scan call took.
+    on_delta: Callable[[int, str], None] | None = None
+    on_scan: Callable[[float], None] | None = None
     _texts: dict[int, list[str]] = field(default_factory=dict)
     _batched: dict[int, list[str]] = field(default_factory=dict)
     _batched_chars: int = 0
@@ -284,6 +288,8 @@ class ExchangeMonitor:
             self.output_chars += len(delta.text)
             if self.keep_text:
                 self._texts.setdefault(delta.choice, []).append(delta.text)
+            if self.on_delta is not None:
+                self.on_delta(delta.choice, delta.text)
             if self.scan is None:
                 continue
             if self.scan_batch_chars and self.enforcement is None:
@@ -308,6 +314,8 @@ class ExchangeMonitor:
         start = time.perf_counter()
         found = call(*args)
         elapsed_ms = (time.perf_counter() - start) * 1000
+        if self.on_scan is not None:
+            self.on_scan(elapsed_ms / 1000)
         if self.enforcement is not None and elapsed_ms > self.enforcement.budget_ms:
             raise TimeoutError(
                 f"scan took {elapsed_ms:.1f} ms (budget {self.enforcement.budget_ms} ms)"
