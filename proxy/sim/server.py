@@ -1,10 +1,16 @@
-"""The simulated OpenAI-compatible engine (aiohttp), with leak injection and misbehaviour hooks.
+"""The simulated LLM engine (aiohttp), with leak injection and misbehaviour hooks.
 
 It stands in for vLLM/SGLang in tests, benchmarks and demos: deterministic answers
 (textgen), cross-tenant leaks injected at a configurable rate with a JSON-lines truth file
 (faults), streaming that goes out event by event like a real engine, and header-selected
 misbehaviour (truncated streams, error events, gzip bodies, 500s) for the proxy's
 bad-input tests.
+
+It speaks the OpenAI API (``/v1/chat/completions``, ``/v1/completions``) and, through
+``proxy.sim.formats``, Anthropic's ``/v1/messages``, OpenAI's ``/v1/responses``, SGLang's and
+vLLM's ``/generate`` (told apart by the body: ``text`` or ``prompt``) and TGI's ``/generate``
+(``inputs``) and ``/generate_stream``: the same answers, faults, truth file and misbehaviour
+whatever the format.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import sys
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from proxy.sim import formats
 from proxy.sim.faults import FAULT_KINDS, FaultInjector
 from proxy.sim.textgen import (
     answer_for,
@@ -59,6 +66,8 @@ class SimConfig:
     model: str = "sim-llm-1"
     engine: str = "vllm"
     engine_version: str = "0.10.2"
+    # SGLang's --incremental-streaming-output: /generate streams only the new text.
+    incremental_output: bool = False
 
 
 @dataclass
@@ -90,7 +99,7 @@ class _State:
 STATE_KEY = web.AppKey("sim_state", _State)
 
 
-class BadRequest(ValueError):
+class BadRequest(formats.FormatError):
     """A request the engine rejects with HTTP 400."""
 
 
@@ -98,7 +107,7 @@ class BadRequest(ValueError):
 class _Exchange:
     """One parsed request and the answers generated for it."""
 
-    kind: str  # "chat" | "completions"
+    kind: str  # "chat" | "completions" | a key of NATIVE_FORMATS
     tenant: str
     request_id: str
     prompt: str
@@ -154,14 +163,21 @@ def completion_prompt(prompt: Any) -> str:
 
 
 def resolve_tenant(headers: Any, body: dict) -> str:
-    """Tenant: X-Tenant-ID header, else the bearer token, else body "user", else anonymous."""
+    """Tenant: X-Tenant-ID header, else the bearer token, else the x-api-key header
+    (Anthropic), else body "user" (or Anthropic's "metadata.user_id"), else anonymous."""
     tenant = headers.get("X-Tenant-ID", "").strip()
     if tenant:
         return tenant
     auth = headers.get("Authorization", "")
     if auth.lower().startswith("bearer ") and auth[7:].strip():
         return auth[7:].strip()
+    key = headers.get("x-api-key", "").strip()
+    if key:
+        return key
     user = body.get("user")
+    metadata = body.get("metadata")
+    if user is None and isinstance(metadata, dict):
+        user = metadata.get("user_id")
     if isinstance(user, str) and user.strip():
         return user.strip()
     return "anonymous"
@@ -295,6 +311,86 @@ def error_body(message: str, type_: str = "invalid_request_error", code: int = 4
     return {"error": {"message": message, "type": type_, "param": None, "code": code}}
 
 
+OPENAI_ERROR_EVENT = sse({"error": {"message": "engine overloaded", "type": "server_error"}})
+
+
+@dataclass(frozen=True)
+class NativeFormat:
+    """An endpoint that is not OpenAI chat/completions: how it reads requests and writes
+    answers (``proxy.sim.formats``)."""
+
+    parse: Callable[[dict], formats.Request]
+    id_prefix: str
+    body: Callable[[Any, str, int, str], Any]
+    # (exchange, response id, created, model, pieces, config) -> (events, events before text)
+    events: Callable[[Any, str, int, str, list[list[str]], SimConfig], tuple[list[bytes], int]]
+    error_event: bytes  # what x-sim-misbehave: error-event sends mid-stream
+    error: Callable[[str, int], dict]  # error body for an HTTP status
+    content_type: str = "text/event-stream; charset=utf-8"
+
+
+def _events(
+    build: Callable[..., tuple[list[bytes], int]],
+) -> Callable[..., tuple[list[bytes], int]]:
+    return lambda ex, rid, created, model, pieces, _cfg: build(ex, rid, created, model, pieces)
+
+
+NATIVE_FORMATS: dict[str, NativeFormat] = {
+    "messages": NativeFormat(
+        formats.anthropic_request,
+        "msg_",
+        formats.anthropic_body,
+        _events(formats.anthropic_events),
+        formats.ANTHROPIC_ERROR_EVENT,
+        formats.anthropic_error,
+    ),
+    "responses": NativeFormat(
+        formats.responses_request,
+        "resp_",
+        formats.responses_body,
+        _events(formats.responses_events),
+        formats.RESPONSES_ERROR_EVENT,
+        lambda message, status: error_body(message, "invalid_request_error", status),
+    ),
+    "sglang": NativeFormat(
+        formats.sglang_request,
+        "",
+        formats.sglang_body,
+        lambda ex, rid, created, model, pieces, cfg: formats.sglang_events(
+            ex, rid, created, model, pieces, incremental=cfg.incremental_output
+        ),
+        formats.SGLANG_ERROR_EVENT,
+        formats.sglang_error,
+    ),
+    "tgi": NativeFormat(
+        lambda body: formats.tgi_request(body, stream=False),
+        "",
+        formats.tgi_body,
+        _events(formats.tgi_events),
+        formats.TGI_ERROR_EVENT,
+        formats.tgi_error,
+    ),
+    "tgi_stream": NativeFormat(
+        lambda body: formats.tgi_request(body, stream=True),
+        "",
+        formats.tgi_body,
+        _events(formats.tgi_events),
+        formats.TGI_ERROR_EVENT,
+        formats.tgi_error,
+    ),
+    "vllm": NativeFormat(
+        formats.vllm_request,
+        "",
+        formats.vllm_body,
+        _events(formats.vllm_events),
+        b"",
+        formats.vllm_error,
+        # vLLM's demo server streams JSON lines with no SSE content type.
+        content_type="application/octet-stream",
+    ),
+}
+
+
 # --- handlers -----------------------------------------------------------------------------
 
 
@@ -330,19 +426,24 @@ def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) 
     state.received[request_id] = body
     while len(state.received) > SENT_RECORDS:
         state.received.popitem(last=False)
-    if kind == "chat":
-        prompt, private = chat_prompt(body.get("messages"))
-        max_words = _int_param(body, "max_completion_tokens", None, 0, 1_000_000)
+    if kind in NATIVE_FORMATS:
+        req = NATIVE_FORMATS[kind].parse(body)
+        prompt, private, max_words, stream = req.prompt, req.private, req.max_words, req.stream
+        n, include_usage = min(req.n, MAX_CHOICES), False
     else:
-        prompt = completion_prompt(body.get("prompt"))
-        private = question_part(prompt)
-        max_words = None
-    if max_words is None:
-        max_words = _int_param(body, "max_tokens", None, 0, 1_000_000)
-    n = _int_param(body, "n", 1, 1, MAX_CHOICES) or 1
-    stream = bool(body.get("stream", False))
-    options = body.get("stream_options") or {}
-    include_usage = stream and isinstance(options, dict) and bool(options.get("include_usage"))
+        if kind == "chat":
+            prompt, private = chat_prompt(body.get("messages"))
+            max_words = _int_param(body, "max_completion_tokens", None, 0, 1_000_000)
+        else:
+            prompt = completion_prompt(body.get("prompt"))
+            private = question_part(prompt)
+            max_words = None
+        if max_words is None:
+            max_words = _int_param(body, "max_tokens", None, 0, 1_000_000)
+        n = _int_param(body, "n", 1, 1, MAX_CHOICES) or 1
+        stream = bool(body.get("stream", False))
+        options = body.get("stream_options") or {}
+        include_usage = stream and isinstance(options, dict) and bool(options.get("include_usage"))
     misbehave = parse_misbehave(request.headers.get("x-sim-misbehave", ""))
     force = request.headers.get("x-sim-fault", "").strip() or None
     if force is not None and force not in FAULT_KINDS:
@@ -370,16 +471,24 @@ def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) 
     )
 
 
-async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
+async def _completion(
+    request: web.Request, kind: str, body: dict | None = None
+) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    native = NATIVE_FORMATS.get(kind)
     try:
-        body = await _read_body(request)
+        if body is None:
+            body = await _read_body(request)
         ex = _build_exchange(state, kind, request, body)
-    except BadRequest as exc:
+    except formats.FormatError as exc:
         rid = request.headers.get("X-Request-ID", "") or "rejected"
-        return _json_response(error_body(str(exc)), rid, status=400)
+        err = native.error(str(exc), 400) if native else error_body(str(exc))
+        return _json_response(err, rid, status=400)
     if "status500" in ex.misbehave:
-        err = error_body("simulated engine failure", "server_error", 500)
+        if native is not None:
+            err = native.error("simulated engine failure", 500)
+        else:
+            err = error_body("simulated engine failure", "server_error", 500)
         return _json_response(err, ex.request_id, status=500)
     if "nonjson" in ex.misbehave:
         return web.Response(
@@ -388,14 +497,17 @@ async def _completion(request: web.Request, kind: str) -> web.StreamResponse:
             headers={"x-sim-request-id": ex.request_id},
         )
     cfg = state.cfg
-    prefix = "chatcmpl-" if kind == "chat" else "cmpl-"
+    prefix = native.id_prefix if native else ("chatcmpl-" if kind == "chat" else "cmpl-")
     resp_id = f"{prefix}{prompt_seed(ex.request_id, cfg.seed):016x}"
     created = int(time.time())
     if not ex.stream:
         state.injector.remember(
             ex.tenant, ex.request_id, ex.prompt, ex.answers[0], private=ex.private
         )
-        obj = full_body(ex, resp_id, created, cfg.model)
+        if native is not None:
+            obj = native.body(ex, resp_id, created, cfg.model)
+        else:
+            obj = full_body(ex, resp_id, created, cfg.model)
         if "gzip" in ex.misbehave:
             data = gzip.compress(_dumps(obj).encode())
             headers = {
@@ -422,10 +534,17 @@ async def _stream(
     cfg = state.cfg
     rng = random.Random(prompt_seed(ex.request_id, cfg.seed + 1))
     pieces = [stream_pieces(a, cfg.words_per_chunk, cfg.split_words, rng) for a in ex.answers]
-    events = stream_events(ex, resp_id, created, cfg.model, pieces)
+    native = NATIVE_FORMATS.get(ex.kind)
+    content_type = "text/event-stream; charset=utf-8"
+    if native is not None:
+        events, lead = native.events(ex, resp_id, created, cfg.model, pieces, cfg)
+        content_type = native.content_type
+    else:
+        events = stream_events(ex, resp_id, created, cfg.model, pieces)
+        lead = len(pieces)  # one role chunk per choice (chat), or the first choices' deltas
     resp = web.StreamResponse(
         headers={
-            "Content-Type": "text/event-stream; charset=utf-8",
+            "Content-Type": content_type,
             "Cache-Control": "no-cache",
             "x-sim-request-id": ex.request_id,
         }
@@ -438,10 +557,9 @@ async def _stream(
     await resp.prepare(request)
     delay = cfg.token_delay + (SLOW_CHUNK_DELAY if "slow" in ex.misbehave else 0.0)
     if "error-event" in ex.misbehave:
-        cut = 1 + min(2, len(pieces[0])) + (len(pieces) - 1)  # role chunks + a couple of deltas
-        events = events[:cut] + [
-            sse({"error": {"message": "engine overloaded", "type": "server_error"}})
-        ]
+        cut = lead + min(2, len(pieces[0]))  # what comes before the text + a couple of deltas
+        error_event = native.error_event if native is not None else OPENAI_ERROR_EVENT
+        events = events[:cut] + [error_event]
     truncate_at = len(events) // 2 if "truncate" in ex.misbehave else None
     i = -1
     try:
@@ -512,6 +630,35 @@ async def completions(request: web.Request) -> web.StreamResponse:
     return await _completion(request, "completions")
 
 
+async def messages(request: web.Request) -> web.StreamResponse:
+    """POST /v1/messages (Anthropic Messages)."""
+    return await _completion(request, "messages")
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """POST /v1/responses (OpenAI Responses)."""
+    return await _completion(request, "responses")
+
+
+async def generate(request: web.Request) -> web.StreamResponse:
+    """POST /generate: SGLang (``text``), TGI (``inputs``) or vLLM's demo server
+    (``prompt``), told apart by the body as the proxy does."""
+    try:
+        body = await _read_body(request)
+    except BadRequest as exc:
+        return _json_response(error_body(str(exc)), "rejected", status=400)
+    for key, kind in (("text", "sglang"), ("inputs", "tgi"), ("prompt", "vllm")):
+        if key in body:
+            return await _completion(request, kind, body)
+    err = error_body("expected 'text' (SGLang), 'inputs' (TGI) or 'prompt' (vLLM)")
+    return _json_response(err, request.headers.get("X-Request-ID", "") or "rejected", status=400)
+
+
+async def generate_stream(request: web.Request) -> web.StreamResponse:
+    """POST /generate_stream (TGI)."""
+    return await _completion(request, "tgi_stream")
+
+
 async def models(request: web.Request) -> web.Response:
     """GET /v1/models (OpenAI list format)."""
     cfg = request.app[STATE_KEY].cfg
@@ -544,6 +691,10 @@ def make_app(cfg: SimConfig) -> web.Application:
     app.on_response_prepare.append(_server_header)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/messages", messages)
+    app.router.add_post("/v1/responses", responses)
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/generate_stream", generate_stream)
     app.router.add_get("/v1/models", models)
     app.router.add_get("/version", version)
     app.router.add_get("/health", health)
@@ -579,6 +730,11 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="sim-llm-1")
     p.add_argument("--engine", default="vllm")
     p.add_argument("--engine-version", default="0.10.2")
+    p.add_argument(
+        "--incremental-output",
+        action="store_true",
+        help="SGLang /generate streams only new text (SGLang's --incremental-streaming-output)",
+    )
     return p.parse_args(argv)
 
 
@@ -603,6 +759,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         model=args.model,
         engine=args.engine,
         engine_version=args.engine_version,
+        incremental_output=args.incremental_output,
     )
 
 
