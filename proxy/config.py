@@ -69,7 +69,13 @@ class DetectionSection:
     entities: bool = _ENGINE.entities
 
 
-POLICY_KEYS = {"mode": str, "min_foreign_words": float, "holdback_words": float}
+POLICY_KEYS = {
+    "mode": str,
+    "min_foreign_words": float,
+    "holdback_words": float,
+    "inject_cache_salt": bool,  # [prevention]
+    "inject_canary": bool,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +127,42 @@ class IndexSection:
 
 
 @dataclass(frozen=True, slots=True)
+class PreventionSection:
+    # README "Prevention: cache_salt and canaries". Both also per tenant and per route
+    # ([policy.tenants.NAME] / [policy.routes."/v1/chat/completions"] inject_... = true).
+    inject_cache_salt: bool = False  # set cache_salt = HMAC(secret, tenant) on requests
+    inject_canary: bool = False  # add the tenant's canary to the chat system prompt
+    # Hex, at least 16 bytes; required when either is on anywhere. Keys the salts and
+    # the canaries (domain-separated); changing it changes every salt and canary.
+    cache_salt_secret: str = ""
+    # Tenants that share one salt, so one prefix cache: { "group-a" = ["t1", "t2"] }.
+    salt_groups: dict[str, list] = field(default_factory=dict)
+
+    def secret(self) -> bytes:
+        return bytes.fromhex(self.cache_salt_secret)
+
+    def group_of(self) -> dict[str, str]:
+        """tenant -> salt group."""
+        return {t: group for group, tenants in self.salt_groups.items() for t in tenants}
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSection:
+    # Prometheus endpoint (README "Metrics"); port 0: off (crosstalk run --metrics-port).
+    port: int = 0
+    host: str = "127.0.0.1"
+    # Distinct tenant label values; later tenants are counted as tenant="other".
+    max_tenant_labels: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class DegenerateSection:
+    # Degenerate-output signal (README "Degenerate output"): logged, never blocking.
+    enabled: bool = True
+    rate_window_seconds: float = 600.0  # the per-upstream rate covers this much time
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """What applies to one exchange."""
 
@@ -130,6 +172,8 @@ class Policy:
     fail_closed: bool
     budget_ms: float
     learn_requests: int
+    inject_cache_salt: bool = False
+    inject_canary: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +184,9 @@ class Config:
     policy: PolicySection = field(default_factory=PolicySection)
     journal: JournalSection = field(default_factory=JournalSection)
     index: IndexSection = field(default_factory=IndexSection)
+    prevention: PreventionSection = field(default_factory=PreventionSection)
+    metrics: MetricsSection = field(default_factory=MetricsSection)
+    degenerate: DegenerateSection = field(default_factory=DegenerateSection)
 
     def policy_for(self, tenant: str, path: str) -> Policy:
         """The tenant's overrides win over the route's (longest matching prefix), which
@@ -160,6 +207,8 @@ class Config:
             fail_closed=self.policy.fail == "closed",
             budget_ms=self.policy.detector_budget_ms,
             learn_requests=self.policy.learn_requests,
+            inject_cache_salt=merged.get("inject_cache_salt", self.prevention.inject_cache_salt),
+            inject_canary=merged.get("inject_canary", self.prevention.inject_canary),
         )
 
     def engine_config(self) -> EngineConfig:
@@ -227,7 +276,44 @@ def validate(config: Config) -> Config:
     if j.max_segment_mb <= 0 or j.max_segment_minutes <= 0 or j.retention_days <= 0:
         raise ConfigError("journal: max_segment_mb, max_segment_minutes, retention_days > 0")
     _validate_index(config.index, d.key)
+    _validate_prevention(config)
+    _validate_metrics(config.metrics, config.degenerate)
     return config
+
+
+def _validate_prevention(config: Config) -> None:
+    p = config.prevention
+    overrides = [*config.policy.tenants.values(), *config.policy.routes.values()]
+    used = p.inject_cache_salt or p.inject_canary
+    used |= any(o.get("inject_cache_salt") or o.get("inject_canary") for o in overrides)
+    try:
+        secret = p.secret()
+    except ValueError as e:
+        raise ConfigError("prevention.cache_salt_secret must be hex") from e
+    if used and len(secret) < 16:
+        raise ConfigError(
+            "inject_cache_salt/inject_canary need prevention.cache_salt_secret: hex, at least "
+            "16 bytes (e.g. the output of `openssl rand -hex 32`), the same on every replica"
+        )
+    seen: dict[str, str] = {}
+    for group, tenants in p.salt_groups.items():
+        if not isinstance(tenants, list) or not all(isinstance(t, str) for t in tenants):
+            raise ConfigError(f"prevention.salt_groups.{group} must be a list of tenant names")
+        for tenant in tenants:
+            if tenant in seen:
+                raise ConfigError(
+                    f"prevention.salt_groups: tenant {tenant!r} is in {seen[tenant]!r} and {group!r}"
+                )
+            seen[tenant] = group
+
+
+def _validate_metrics(m: MetricsSection, d: DegenerateSection) -> None:
+    if not 0 <= m.port <= 65535:
+        raise ConfigError("metrics.port must be 0..65535")
+    if m.max_tenant_labels < 0:
+        raise ConfigError("metrics.max_tenant_labels must be >= 0")
+    if d.rate_window_seconds <= 0:
+        raise ConfigError("degenerate.rate_window_seconds must be > 0")
 
 
 def _validate_index(index: IndexSection, key: str) -> None:
@@ -278,6 +364,9 @@ def _validate_policy(policy: PolicySection) -> None:
                 value = entry.get(key, 0)
                 if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                     raise ConfigError(f"{where}.{key} must be a number >= 0")
+            for key in ("inject_cache_salt", "inject_canary"):
+                if not isinstance(entry.get(key, False), bool):
+                    raise ConfigError(f"{where}.{key} must be true or false")
 
 
 def load(path: str | Path | None = None, **overrides: Any) -> Config:
@@ -301,6 +390,9 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
         "policy": PolicySection,
         "journal": JournalSection,
         "index": IndexSection,
+        "prevention": PreventionSection,
+        "metrics": MetricsSection,
+        "degenerate": DegenerateSection,
     }
     if unknown := set(data) - set(sections):
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")

@@ -17,6 +17,8 @@ from mitmproxy.tools.dump import DumpMaster
 from .addon import CrossTalk
 from .capture import capture_addons
 from .config import Config, ProxySection
+from .guards import CrossTalkDegenerate, CrossTalkPrevention
+from .metrics import CrossTalkMetrics
 from .sim.server import SimConfig, start_sim
 
 
@@ -90,6 +92,9 @@ async def serve(request: RunRequest) -> int:
     master.addons.add(CrossTalk())
     if capture is not None:
         master.addons.add(capture[1])  # after CrossTalk: keeps the streamed bodies it scans
+    # After CrossTalk (and the capture's tee, which keeps what the engine sent): they read
+    # its monitors; prevention's stream transform runs after the scan and the gate.
+    master.addons.add(CrossTalkPrevention(), CrossTalkDegenerate(), CrossTalkMetrics())
     try:
         master.options.update(
             crosstalk_config=request.config_path or "",
@@ -98,6 +103,8 @@ async def serve(request: RunRequest) -> int:
             crosstalk_log_level=cfg.proxy.log_level,
             crosstalk_journal=cfg.journal.directory,
             crosstalk_index=cfg.index.url,
+            crosstalk_metrics_port=cfg.metrics.port,
+            crosstalk_metrics_host=cfg.metrics.host,
         )
     except Exception as e:  # OptionsError: a readable message, no traceback
         print(f"crosstalk: {e}", file=sys.stderr)

@@ -31,6 +31,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "detection.key on every replica ([index] in the config for password and TLS)",
     )
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics ([metrics] host to "
+        'change the address; README "Metrics")',
+    )
+    p.add_argument(
         "--capture",
         metavar="FILE",
         help="append the proxied traffic to FILE as a mitmproxy flow file, streamed bodies "
@@ -66,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
             proxy__mode=args.mode,
             journal__directory=args.journal,
             index__url=args.index,
+            metrics__port=args.metrics_port,
         )
     except ConfigError as e:
         print(f"crosstalk: {e}", file=sys.stderr)
