@@ -231,9 +231,10 @@ class CommonnessSketch:
         dtype=np.uint64,
     )
 
-    def __init__(self, *, width_bits: int = 21, depth: int = 4, half_life: float = 3600.0):
-        if not 1 <= depth <= len(self._SEEDS):
-            raise ValueError(f"depth must be 1..{len(self._SEEDS)}")
+    DEPTH = 4  # rows; the scalar path below is unrolled for four
+
+    def __init__(self, *, width_bits: int = 21, half_life: float = 3600.0):
+        depth = self.DEPTH
         self._mask = np.uint64((1 << width_bits) - 1)
         self._mask_int = (1 << width_bits) - 1
         self._width = 1 << width_bits
@@ -276,11 +277,12 @@ class CommonnessSketch:
     def counts(self, fingerprints: Sequence[int]) -> list[int]:
         """Estimated distinct-tenant count of each fingerprint."""
         if len(fingerprints) <= _SCALAR_BATCH:
-            flat, width = self._flat, self._width
-            return [
-                min(flat[row * width + slot] for row, slot in enumerate(self._slots_of(int(fp))))
-                for fp in fingerprints
-            ]
+            flat, cells = self._flat, self._cells
+            counts = []
+            for fp in fingerprints:
+                a, b, c, d = cells(int(fp))
+                counts.append(min(flat[a], flat[b], flat[c], flat[d]))
+            return counts
         array = np.asarray(fingerprints, dtype=np.uint64)
         return self._counts[self._rows, self._slots(array)].min(axis=0).tolist()
 
@@ -289,10 +291,9 @@ class CommonnessSketch:
         if len(fingerprints) == 0:
             return
         if len(fingerprints) <= _SCALAR_BATCH:
-            flat, width = self._flat, self._width
+            flat, cells = self._flat, self._cells
             for fp in fingerprints:
-                for row, slot in enumerate(self._slots_of(int(fp))):
-                    i = row * width + slot
+                for i in cells(int(fp)):
                     if flat[i] < 65535:
                         flat[i] += 1
             return
@@ -300,12 +301,18 @@ class CommonnessSketch:
         current = self._counts[self._rows, slots]
         self._counts[self._rows, slots] = np.minimum(current.astype(np.uint32) + 1, 65535)
 
-    def _slots_of(self, fp: int) -> list[int]:
-        """The same slots as ``_slots``, computed with Python ints (no numpy call)."""
-        return [
-            ((((fp ^ seed) * 0xFF51AFD7ED558CCD) & _MASK64) >> 29) & self._mask_int
-            for seed in self._seed_ints
-        ]
+    def _cells(self, fp: int) -> tuple[int, int, int, int]:
+        """Indexes into the flat counters of ``fp``'s four slots: the same slots as
+        ``_slots``, with Python ints (no numpy call). Bits 29-49 of the product do not
+        depend on its bits above 64, so no masking to 64 bits is needed."""
+        s0, s1, s2, s3 = self._seed_ints
+        mask, width, c = self._mask_int, self._width, 0xFF51AFD7ED558CCD
+        return (
+            ((fp ^ s0) * c >> 29) & mask,
+            width + (((fp ^ s1) * c >> 29) & mask),
+            2 * width + (((fp ^ s2) * c >> 29) & mask),
+            3 * width + (((fp ^ s3) * c >> 29) & mask),
+        )
 
     def _decay(self, now: float) -> None:
         if self._last_decay is None:
@@ -362,14 +369,36 @@ class PairFilter:
     def add_new(self, tenant_key: int, fingerprint: int, now: float) -> bool:
         """Record the pair; True if it was not already there."""
         self._rotate(now)
-        positions = self._positions(tenant_key ^ fingerprint)
-        for generation in self.generations:
-            if all(generation[p >> 3] >> (p & 7) & 1 for p in positions):
-                return False
-        current = self.generations[0]
-        for p in positions:
-            current[p >> 3] |= 1 << (p & 7)
-        return True
+        return bool(self._add_scalar(tenant_key, [fingerprint]))
+
+    def _add_scalar(self, tenant_key: int, fingerprints: Iterable[int]) -> list[int]:
+        """The fingerprints whose pair is new, recorded: ``_positions`` unrolled (the
+        hot path of every SSE delta)."""
+        current, previous = self.generations
+        shift, step, mult = 64 - self._bits, self._STEP, self._MULTIPLIER
+        new = []
+        for fp in fingerprints:
+            pair = tenant_key ^ fp
+            a = ((pair * mult) & _MASK64) >> shift
+            b = (((pair + step) * mult) & _MASK64) >> shift
+            c = (((pair + 2 * step) * mult) & _MASK64) >> shift
+            ai, am, bi, bm, ci, cm = (
+                a >> 3,
+                1 << (a & 7),
+                b >> 3,
+                1 << (b & 7),
+                c >> 3,
+                1 << (c & 7),
+            )
+            if (current[ai] & am and current[bi] & bm and current[ci] & cm) or (
+                previous[ai] & am and previous[bi] & bm and previous[ci] & cm
+            ):
+                continue
+            current[ai] |= am
+            current[bi] |= bm
+            current[ci] |= cm
+            new.append(fp)
+        return new
 
     def first_seen(self, tenant_key: int, fingerprints: Sequence[int], now: float) -> list[int]:
         """Record every (tenant, fingerprint) pair; return the distinct fingerprints whose
@@ -377,7 +406,7 @@ class PairFilter:
         self._rotate(now)
         distinct = list(dict.fromkeys(fingerprints))
         if len(distinct) <= _SCALAR_BATCH:
-            return [fp for fp in distinct if self.add_new(tenant_key, fp, now)]
+            return self._add_scalar(tenant_key, distinct)
         fps = np.array(distinct, dtype=np.uint64)
         positions = self._position_arrays(fps ^ np.uint64(tenant_key))
         seen = np.zeros(len(fps), dtype=bool)
