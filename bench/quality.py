@@ -198,6 +198,93 @@ def evaluate(exchanges: list[Exchange], warmup: int, history: list[Exchange] = (
     }
 
 
+def degenerate_signal(args: argparse.Namespace) -> dict:
+    """The degenerate-output signal (proxy/degenerate.py) on the same workload: detection
+    rate on the simulator's degenerate faults, false positives on clean answers by
+    content type (the simulator's prose, code and CJK answers; generated markdown
+    tables; hand-written text in other scripts, bench/degenerate_corpus.py). Streamed in
+    the same random deltas as the leak benchmark."""
+    from degenerate_corpus import MULTILINGUAL, markdown_table
+
+    from proxy.degenerate import DegenerateDetector
+    from proxy.sim.faults import FaultInjector as Injector
+    from proxy.sim.textgen import is_mostly_cjk
+
+    rng = random.Random(args.seed + 7)
+    injector = Injector(1.0, seed=args.seed + 8, kinds=("degenerate",))
+    clean: Counter = Counter()
+    flagged: Counter = Counter()
+    reasons: Counter = Counter()
+    examples: list[tuple[str, str, str]] = []
+    calls, seconds = 0, 0.0
+
+    def judge(text: str) -> str | None:
+        nonlocal calls, seconds
+        detector = DegenerateDetector()
+        pieces = deltas(text, rng)
+        t0 = time.perf_counter()
+        for piece in pieces:
+            if detector.feed(piece):
+                break
+        detector.finish()
+        seconds += time.perf_counter() - t0
+        calls += len(pieces)
+        return detector.reason
+
+    def clean_case(kind: str, text: str) -> None:
+        clean[kind] += 1
+        if (reason := judge(text)) is not None:
+            flagged[kind] += 1
+            examples.append((kind, reason, text))
+
+    for req in Workload(tenants=args.tenants, seed=args.seed).requests(args.requests):
+        prompt = req.prompt_text()
+        answer = answer_for(prompt)
+        kind = "cjk" if is_mostly_cjk(answer) else "code" if "```" in answer else "prose"
+        clean_case(kind, answer)
+        garbage, _ = injector.apply(req.tenant, req.request_id, prompt, answer)
+        reasons[judge(garbage) or "missed"] += 1
+    for _ in range(args.requests // 10):
+        clean_case("table", markdown_table(rng))
+    for _ in range(20):
+        for language, text in MULTILINGUAL.items():
+            clean_case(f"hand-written ({language})", text)
+    faults = sum(reasons.values())
+    lines = [
+        "| content | clean answers | flagged | false positive rate |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {kind} | {n} | {flagged[kind]} | {pct(flagged[kind], n)} |"
+            for kind, n in clean.items()
+            if not kind.startswith("hand-written")
+        ),
+    ]
+    hand = [k for k in clean if k.startswith("hand-written")]
+    n_hand, f_hand = sum(clean[k] for k in hand), sum(flagged[k] for k in hand)
+    lines.append(
+        f"| hand-written: {len(hand)} texts (scripts, emoji, math, trees), 20 cuts each "
+        f"| {n_hand} | {f_hand} | {pct(f_hand, n_hand)} |"
+    )
+    lines += [
+        "",
+        f"- degenerate faults detected: {pct(faults - reasons['missed'], faults)} "
+        f"({faults - reasons['missed']}/{faults}); by reason: "
+        + ", ".join(f"{r} {n}" for r, n in reasons.most_common()),
+        f"- cost: {seconds / max(calls, 1) * 1e6:.2f} us per delta ({calls} deltas)",
+    ]
+    print("\n### degenerate output signal (proxy/degenerate.py)\n")
+    print("\n".join(lines))
+    for kind, reason, text in examples[: args.show_fp]:
+        print(f"\nDEGENERATE FALSE POSITIVE ({kind}, {reason}): {text[:300]!r}")
+    return {
+        "detected": faults - reasons["missed"],
+        "faults": faults,
+        "reasons": dict(reasons),
+        "clean": dict(clean),
+        "flagged": dict(flagged),
+    }
+
+
 LAG_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
 
 
@@ -357,6 +444,7 @@ def main(argv=None) -> int:
                 f"{f.kind} {f.leaked_words} words: {f.leaked_text[:300]!r}"
             )
             print("   why:", explain_miss(ex))
+    degenerate = degenerate_signal(args)
     if args.json:
         Path(args.json).write_bytes(
             orjson.dumps(
@@ -369,7 +457,8 @@ def main(argv=None) -> int:
                         "clean": {f"{a}_{b}": v for (a, b), v in r["clean"].items()},
                     }
                     for label, r in results.items()
-                },
+                }
+                | {"degenerate": degenerate},
                 option=orjson.OPT_INDENT_2,
             )
         )
