@@ -8,6 +8,7 @@ numbers must match the traffic sent and the proxy's event log.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -181,6 +182,13 @@ def test_scrape_matches_the_traffic(tmp_path: Path):
     )
     assert value(samples, "crosstalk_fingerprints") > 0
     assert value(samples, "crosstalk_fingerprints_evicted_total") == 0
+
+    # Every metric the example alert rules use is exposed (index_*: with Redis only).
+    rules = (ROOT / "config" / "prometheus-alerts.yml").read_text()
+    used = {
+        n for n in re.findall(r"\bcrosstalk_[a-z_]+", rules) if not n.startswith("crosstalk_index_")
+    }
+    assert used and used <= set(samples), used - set(samples)
 
     # No text of any prompt or output in any label.
     assert not any(
