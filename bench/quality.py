@@ -285,6 +285,75 @@ def degenerate_signal(args: argparse.Namespace) -> dict:
     }
 
 
+def canary_signal(args: argparse.Namespace, config: EngineConfig) -> dict:
+    """Canaries (proxy/prevention.py) on the same workload and faults: every chat
+    request carries its tenant's canary in the system prompt, as ``inject_canary``
+    sends it upstream (the engine observes the prompt as the client sent it). Which
+    injected leaks carried the source's canary, how many of those the engine reports as
+    kind ``canary`` with the right source, and canary findings anywhere else."""
+    import json
+
+    from proxy.prevention import canary_for, rewrite_request
+    from proxy.sim.server import chat_prompt
+
+    secret = b"quality-bench-canary-secret-0123"
+    rng = random.Random(args.seed + 11)
+    injector = FaultInjector(args.leak_rate, seed=args.seed + 1, kinds=args.fault_kinds.split(","))
+    engine = Engine(
+        config, baseline=load_baseline(args.baseline), plain_words=load_vocabulary(args.vocabulary)
+    )
+    canaries: dict[str, str] = {}
+    rows: dict[str, Counter] = defaultdict(Counter)
+    clean, clean_flagged, elsewhere = 0, 0, 0
+    for req in Workload(tenants=args.tenants, seed=args.seed).requests(args.requests):
+        prompt = req.prompt_text()
+        upstream_prompt = prompt
+        if req.endpoint == "chat":
+            if req.tenant not in canaries:
+                canaries[req.tenant] = canary_for(secret, req.tenant)
+                engine.register_canary(req.tenant, canaries[req.tenant])
+            body = rewrite_request(
+                orjson.dumps({"messages": req.messages}), salt=None, canary=canaries[req.tenant]
+            ).body
+            upstream_prompt = chat_prompt(json.loads(body)["messages"])[0]
+        answer = answer_for(upstream_prompt)
+        answer, fault = injector.apply(req.tenant, req.request_id, upstream_prompt, answer)
+        scan = engine.observe_prompt(req.tenant, req.request_id, prompt)
+        findings = [f for d in deltas(answer, rng) for f in scan.feed(d)] + scan.finish()
+        injector.remember(req.tenant, req.request_id, upstream_prompt, answer)
+        found = [f for f in findings if f.kind == "canary"]
+        if fault is None:
+            clean += 1
+            clean_flagged += bool(found)
+            continue
+        source_canary = canaries.get(fault.source_tenant or "", "\0")
+        row = rows[fault.kind]
+        row["n"] += 1
+        if source_canary.lower() in fault.leaked_text.lower():
+            row["carried"] += 1
+            row["found"] += any(f.source_tenant == fault.source_tenant for f in found)
+        else:
+            elsewhere += bool(found)
+    lines = [
+        "| leak kind | leaks | carried the source's canary | found as canary, right source |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {kind} | {r['n']} | {r['carried']} | {r['found']} ({pct(r['found'], r['carried'])}) |"
+            for kind, r in sorted(rows.items())
+        ),
+        "",
+        f"- canary findings on clean answers: {clean_flagged}/{clean}; on leaks that did not "
+        f"carry the source's canary: {elsewhere}",
+    ]
+    print("\n### canaries (inject_canary: every chat request carries its tenant's canary)\n")
+    print("\n".join(lines))
+    return {
+        "rows": {k: dict(v) for k, v in rows.items()},
+        "clean": clean,
+        "clean_flagged": clean_flagged,
+    }
+
+
 LAG_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
 
 
@@ -445,6 +514,7 @@ def main(argv=None) -> int:
             )
             print("   why:", explain_miss(ex))
     degenerate = degenerate_signal(args)
+    canary = canary_signal(args, config)
     if args.json:
         Path(args.json).write_bytes(
             orjson.dumps(
@@ -458,7 +528,7 @@ def main(argv=None) -> int:
                     }
                     for label, r in results.items()
                 }
-                | {"degenerate": degenerate},
+                | {"degenerate": degenerate, "canary": canary},
                 option=orjson.OPT_INDENT_2,
             )
         )
