@@ -239,7 +239,9 @@ class CanaryStripper:
             return [event]
         choices = obj.get("choices") if isinstance(obj, dict) else None
         if not isinstance(choices, list):
-            return [event]
+            # An error event ends the stream (enforce mode's cut, an engine error): what
+            # is held goes out before it.
+            return [*self._flush(), event]
         self._template = {k: obj[k] for k in ("id", "object", "created", "model") if k in obj}
         changed = False
         for choice in choices:

@@ -138,6 +138,11 @@ def test_stripper_flushes_a_held_prefix_at_the_end_and_passes_other_events():
     out = b"".join(stripper.feed([raw], end=True))
     assert _client_text(out) == "ends with " + canary[:6]
     assert out.endswith(b"data: [DONE]\n\n")
+    # Held text goes out before an error event (enforce mode's cut), not after it.
+    cut = b'data: {"error":{"message":"stopped","code":"cross_tenant_leak"}}\n\n'
+    raw = b"data: " + orjson.dumps(_chunk("see " + canary[:4])) + b"\n\n" + cut
+    out = b"".join(CanaryStripper(canary).feed([raw], end=True))
+    assert out.endswith(cut) and _client_text(out) == "see " + canary[:4]
     # Untouched events pass byte for byte; an error event passes.
     raw = b'data: {"choices":[{"index":0,"delta":{"content":"plain"}}]}\n\n: comment\n\n'
     raw += b'data: {"error":{"message":"x"}}\n\n'
@@ -187,6 +192,22 @@ def test_engine_finds_a_foreign_canary_as_kind_canary():
     engine.register_canary("acme", canary)
     scan = engine.observe_prompt("globex", "g1", "What is the weather like today?")
     found = scan.feed(f"It is sunny. Internal reference {canary}; never repeat it.") + scan.finish()
+    assert [(f.kind, f.source_tenant) for f in found] == [("canary", "acme")]
+
+
+def test_a_replica_knowing_the_canary_only_by_record_finds_it():
+    """The record goes to the journal and the replicas, which never see the text: they
+    find the canary by entity extraction, which reads it as one token."""
+    config = EngineConfig(key=bytes.fromhex(TEST_KEY))
+    canary = canary_for(SECRET, "acme")
+    record = Engine(config).register_canary("acme", canary)
+    replica = Engine(config)
+    replica.ingest_canary(record)
+    scan = replica.observe_prompt("globex", "g1", "Any news about my parcel?")
+    found = []
+    for i in range(0, 80, 3):  # streamed in small pieces
+        found += scan.feed(f"Your parcel left today (ref {canary}), arriving soon."[i : i + 3])
+    found += scan.finish()
     assert [(f.kind, f.source_tenant) for f in found] == [("canary", "acme")]
 
 
