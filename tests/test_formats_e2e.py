@@ -319,7 +319,8 @@ def assert_cut_in_format(fmt: str, body: bytes) -> None:
     if fmt == "anthropic":
         assert event.event == "error" and data["type"] == "error"
         assert (
-            data["error"]["type"] == "leak_blocked" and data["error"]["code"] == "cross_tenant_leak"
+            data["error"]["type"] == "permission_error"
+            and data["error"]["code"] == "cross_tenant_leak"
         )
         assert data["error"]["message"] == BLOCK_MESSAGE
     elif fmt == "responses":
@@ -336,7 +337,7 @@ def assert_block_body_in_format(fmt: str, status: int, body: bytes) -> None:
     assert status == 451, (status, body[:200])
     data = orjson.loads(body)
     if fmt == "anthropic":
-        assert data["type"] == "error" and data["error"]["type"] == "leak_blocked"
+        assert data["type"] == "error" and data["error"]["type"] == "permission_error"
     else:
         assert data["error"]["code"] == "cross_tenant_leak"
 
@@ -441,7 +442,7 @@ def test_anthropic_sdk_raises_on_a_block_and_does_not_retry(enforcing):
     with pytest.raises(anthropic.APIStatusError) as caught:
         client.messages.create(**ask, extra_headers={**LEAK, "X-Request-ID": "a-whole"})
     err = caught.value
-    assert err.status_code == 451 and err.type == "leak_blocked"
+    assert err.status_code == 451 and err.type == "permission_error"
     assert err.api_message == BLOCK_MESSAGE and err.body["error"]["code"] == "cross_tenant_leak"
     assert [e["verdict"] for e in exchanges_of(proxy, "a-whole")] == ["blocked"]
 
@@ -452,7 +453,7 @@ def test_anthropic_sdk_raises_on_a_block_and_does_not_retry(enforcing):
     ):
         received += list(stream.text_stream)
     err = caught.value
-    assert err.status_code == 200 and err.body["error"]["type"] == "leak_blocked"
+    assert err.status_code == 200 and err.body["error"]["type"] == "permission_error"
     assert BLOCK_MESSAGE in str(err)
     assert "Brightwater" not in "".join(received)
     assert [e["verdict"] for e in exchanges_of(proxy, "a-stream")] == ["blocked"]

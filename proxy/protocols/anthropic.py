@@ -226,11 +226,35 @@ class StreamParser:
         return [OutputDelta(0, text)]
 
 
+# Anthropic's error types are a closed set (typed SDKs reject others): crosstalk's codes map
+# onto the nearest one. A leak is content this caller may not have (permission_error, never
+# retried by the SDKs); a failed detector is the gateway's own failure (api_error).
+_ERROR_TYPES = {
+    "cross_tenant_leak": "permission_error",
+    "detector_failed": "api_error",
+    "tenant_required": "authentication_error",
+}
+_KNOWN_TYPES = frozenset(
+    {
+        "invalid_request_error",
+        "authentication_error",
+        "permission_error",
+        "not_found_error",
+        "request_too_large",
+        "rate_limit_error",
+        "api_error",
+        "overloaded_error",
+    }
+)
+
+
 def error_body(message: str, *, type: str, code: str) -> bytes:
-    """An Anthropic-style error body: ``{"type": "error", "error": {"type", "message"}}``,
-    plus crosstalk's ``code`` in the error object (clients ignore keys they do not know)."""
+    """An Anthropic error body, ``{"type": "error", "error": {"type", "message"}}``, with an
+    Anthropic error type (``code`` mapped, else ``type`` if Anthropic has it, else
+    ``api_error``) and crosstalk's ``code`` as an extra key of the error object."""
+    kind = _ERROR_TYPES.get(code) or (type if type in _KNOWN_TYPES else "api_error")
     return orjson.dumps(
-        {"type": "error", "error": {"type": type, "message": message, "code": code}}
+        {"type": "error", "error": {"type": kind, "message": message, "code": code}}
     )
 
 
