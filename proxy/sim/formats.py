@@ -240,7 +240,7 @@ def responses_body(
         "tools": [],
         "usage": {
             "input_tokens": prompt_units,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": output_units,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt_units + output_units,
