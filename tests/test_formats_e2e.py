@@ -328,7 +328,9 @@ def assert_cut_in_format(fmt: str, body: bytes) -> None:
         assert data["code"] == data["error"]["code"] == "cross_tenant_leak"
         numbers = [orjson.loads(e.data)["sequence_number"] for e in SSEDecoder().feed(body)[:-1]]
         assert data["sequence_number"] > max(numbers, default=-1)
-    else:  # SGLang's {"error": {...}} then [DONE]; TGI clients raise on an "error" key
+    elif fmt == "tgi":  # TGI's own: an "error" string and an "error_type"
+        assert data == {"error": BLOCK_MESSAGE, "error_type": "cross_tenant_leak"}
+    else:  # SGLang's {"error": {...}} then [DONE]
         assert data["error"]["code"] == "cross_tenant_leak"
         assert body.endswith(b"data: [DONE]\n\n")
 
@@ -521,7 +523,7 @@ def test_textgen_blocks_in_the_engines_error_format(enforcing, path, body):
     status, data = read(request)
     if path == "/generate_stream" or body.get("stream"):
         assert status == 200
-        assert_cut_in_format("sglang", data)
+        assert_cut_in_format("tgi" if path == "/generate_stream" else "sglang", data)
     else:
         assert_block_body_in_format("sglang", status, data)
     assert [e["verdict"] for e in exchanges_of(proxy, rid)] == ["blocked"]

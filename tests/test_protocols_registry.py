@@ -149,10 +149,17 @@ def test_leaks_are_cut_with_the_apis_own_error_event(engine, fmt, size):
         assert last.event == "error" and error["code"] == "cross_tenant_leak"
         numbers = [orjson.loads(e.data)["sequence_number"] for e in events[:-1]]
         assert error["sequence_number"] > max(numbers, default=-1)
+    elif fmt == "tgi":
+        assert error == {"error": BLOCK_MESSAGE, "error_type": "cross_tenant_leak"}
     else:
         assert error["error"]["code"] == "cross_tenant_leak" and events[-1].data == "[DONE]"
     # Before the cut event: whole events of the original stream, in order.
-    marker = b"event: error\n" if fmt in ("anthropic", "responses") else b'data: {"error"'
+    marker = {
+        "anthropic": b"event: error\n",
+        "responses": b"event: error\n",
+        "tgi": b'data:{"error"',
+    }
+    marker = marker.get(fmt, b'data: {"error"')
     assert data.startswith(out[: out.rfind(marker)])
 
 

@@ -19,6 +19,7 @@ from proxy.protocols.textgen import (
     error_event,
     parse_request,
     parse_response,
+    tgi_error_event,
 )
 from proxy.protocols.textgen import route_for as textgen_route
 from proxy.sim import formats
@@ -340,3 +341,15 @@ def test_error_body_and_event() -> None:
     for e in events:
         parser.feed(e)
     assert parser.error["message"] == "stopped" and parser.done
+
+
+def test_cut_events_are_the_engines_own() -> None:
+    tgi = StreamParser("generate_stream").error_event("stopped", type="t", code="cross_tenant_leak")
+    assert tgi == tgi_error_event("stopped", code="cross_tenant_leak")
+    (event,) = SSEDecoder().feed(tgi)
+    assert json.loads(event.data) == {"error": "stopped", "error_type": "cross_tenant_leak"}
+    parser = StreamParser("generate_stream")
+    parser.feed(event)
+    assert parser.error == {"message": "stopped", "type": "cross_tenant_leak"}
+    sglang = StreamParser("generate").error_event("stopped", type="t", code="c")
+    assert sglang == error_event("stopped", type="t", code="c")

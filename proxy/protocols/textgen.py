@@ -30,6 +30,12 @@ production; vLLM's production text endpoint is ``/v1/completions`` (the OpenAI m
 Its output (and TGI's with ``return_full_text``) repeats the prompt: that is the tenant's
 own text, which the detector never reports.
 
+A cut stream ends in the engine's own error event: TGI's on ``/generate_stream``, SGLang's
+(``data: {"error": {...}}`` then ``data: [DONE]``) on ``/generate``. A blocked whole
+response is an HTTP error with ``{"error": {"message", "type", "code", ...}}``, SGLang's
+envelope: the engine behind ``/generate`` is not known once the request is gone (TGI's
+clients raise on the status, with that object as the message).
+
 Streams are fed to the detector as increments. SGLang's cumulative ``text`` is turned into
 the new characters of each event; whether a stream is cumulative is read from
 ``output_ids`` against ``meta_info.completion_tokens`` when the engine sends them, else
@@ -66,6 +72,7 @@ __all__ = [
     "parse_request",
     "parse_response",
     "route_for",
+    "tgi_error_event",
 ]
 
 GENERATE, GENERATE_STREAM = "generate", "generate_stream"
@@ -257,6 +264,13 @@ class StreamParser:
         new = _increment(seq, text, obj.get("output_ids"), meta)
         return [OutputDelta(index, new)] if new else []
 
+    def error_event(self, message: str, *, type: str, code: str) -> bytes:
+        """The event that ends a cut stream: TGI's own on ``/generate_stream`` (only TGI
+        streams there), else SGLang's (:func:`error_event`)."""
+        if self.route == GENERATE_STREAM:
+            return tgi_error_event(message, code=code)
+        return error_event(message, type=type, code=code)
+
 
 def _increment(seq: _Sequence, text: str, ids: Any, meta: Any) -> str:
     """The characters ``text`` adds to sequence ``seq`` (and update it)."""
@@ -312,6 +326,13 @@ def error_event(message: str, *, type: str, code: str) -> bytes:
     ``data: {"error": {...}}``), which TGI's clients also raise on (they look for an
     ``error`` key). Followed by ``data: [DONE]``, as SGLang ends a failed stream."""
     return b"data: " + error_body(message, type=type, code=code) + b"\n\ndata: [DONE]\n\n"
+
+
+def tgi_error_event(message: str, *, code: str) -> bytes:
+    """TGI's stream error, ``data:{"error": "<message>", "error_type": "<code>"}``: its
+    clients raise it with the message as is (``text_generation`` reads ``error`` as a
+    string)."""
+    return b"data:" + orjson.dumps({"error": message, "error_type": code}) + b"\n\n"
 
 
 def _index(value: Any, default: int) -> int:
