@@ -460,6 +460,13 @@ def test_anthropic_sdk_raises_on_a_block_and_does_not_retry(enforcing):
     assert "Brightwater" not in "".join(received)
     assert [e["verdict"] for e in exchanges_of(proxy, "a-stream")] == ["blocked"]
 
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        for _ in client.messages.create(
+            **ask, stream=True, extra_headers={**LEAK, "X-Request-ID": "a-events"}
+        ):
+            pass
+    assert caught.value.body["error"]["code"] == "cross_tenant_leak"
+
     # Clean traffic: the SDK parses what the proxy passed on.
     message = client.messages.create(**ask, extra_headers={"X-Request-ID": "a-clean"})
     assert message.content[0].text and message.stop_reason == "end_turn"
