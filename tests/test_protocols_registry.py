@@ -182,3 +182,67 @@ def test_whole_bodies_are_scanned(engine, fmt):
     m.on_body(json.dumps(body(sent, "id_1", 0, "m")).encode())
     assert m.verdict == "leak" and m.findings[0].source_tenant == "A"
     assert m.route.error_body("x", type="leak_blocked", code="cross_tenant_leak")
+
+
+def test_forensic_replay_scans_every_format():
+    """crosstalk replay dispatches through the same registry: recorded exchanges of each
+    format make the findings live shadow mode would have made."""
+    from mitmproxy.http import Headers
+
+    from proxy.config import Config
+    from proxy.replay import ExchangeRecord, RecordedResponse, Replayer
+    from proxy.tenants import TenantRules
+
+    found: list[tuple[str, str, str]] = []
+
+    class Sink:
+        def finding(self, monitor, finding, when, record):
+            found.append((monitor.request_id, finding.source_tenant, monitor.route.api))
+
+        def detector_error(self, monitor, record):
+            raise AssertionError(monitor.detector_error)
+
+        def failure(self, position, reason):
+            raise AssertionError(reason)
+
+    def record(t: float, rid: str, tenant: str, path: str, body: dict, response: bytes, sse: bool):
+        kind = "text/event-stream" if sse else "application/json"
+        return ExchangeRecord(
+            time=t,
+            position=rid,
+            method="POST",
+            path=path,
+            headers=Headers(x_tenant_id=tenant, x_request_id=rid),
+            body=json.dumps(body).encode(),
+            response=RecordedResponse(200, Headers(content_type=kind), response, t, t + 0.5),
+            fallback_id=rid,
+        )
+
+    source = _Sent("Noted.")
+    records = [
+        record(
+            1000.0,
+            "src",
+            "A",
+            "/v1/messages",
+            {"max_tokens": 9, "messages": [{"role": "user", "content": PRIVATE}]},
+            json.dumps(formats.anthropic_body(source, "msg_1", 0, "m")).encode(),
+            sse=False,
+        )
+    ]
+    requests = {
+        "anthropic": ("/v1/messages", {"max_tokens": 9, "messages": [{"role": "user", "content": "Hi"}]}),
+        "responses": ("/v1/responses", {"input": "Hi"}),
+        "sglang": ("/generate", {"text": "Hi", "stream": True}),
+        "tgi": ("/generate_stream", {"inputs": "Hi"}),
+    }  # fmt: skip
+    for i, fmt in enumerate(FORMATS):
+        _, data = stream_of(fmt, LEAD + PRIVATE.split())
+        path, body = requests[fmt]
+        records.append(record(1001.0 + i, f"v-{fmt}", "B", path, body, data, sse=True))
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    stats = Replayer(engine, TenantRules(), Config(), Sink()).run(records)
+    assert stats.exchanges == 5 and stats.unparsed == 0
+    assert set(found) == {
+        (f"v-{fmt}", "A", route_for("POST", requests[fmt][0]).api) for fmt in FORMATS
+    }
