@@ -398,14 +398,15 @@ async def worker_consume(args: argparse.Namespace) -> dict:
     samples: list[tuple[float, int, float, float, float, str]] = []
     ingest = index.ingester.ingest
 
-    def timed(entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    def timed(entry_id: bytes, fields: dict[bytes, bytes]) -> bool:
         began, cpu = time.time(), time.thread_time()
-        ingest(entry_id, fields)
+        foreign = ingest(entry_id, fields)
         cpu, done = time.thread_time() - cpu, time.time()
         with contextlib.suppress(KeyError, ValueError):
             offered = float(fields[OFFERED])
             redis_ms = int(entry_id.split(b"-", 1)[0])
             samples.append((offered, redis_ms, began, done, cpu, record_kind(fields)))
+        return foreign
 
     index.ingester.ingest = timed  # the Consumer calls it for every entry it reads
     index.load_window()

@@ -415,19 +415,23 @@ class Ingester:
         self.origins: dict[bytes, OriginIngester] = {}
         self._refused_keys: set[bytes] = set()
         self.seconds = 0.0  # spent ingesting (decoding + engine), for the cost figures
+        self.timed = 0  # other replicas' entries ingested (what ``seconds`` covers)
         self._logged: set[str] = set()  # events logged once
 
-    def ingest(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
+    def ingest(self, entry_id: bytes, fields: dict[bytes, bytes]) -> bool:
+        """Ingest one stream entry; False when it is this replica's own (not timed)."""
+        if fields.get(ORIGIN, b"") == self.replica_id:
+            return False
         started = time.perf_counter()
         try:
             self._ingest(entry_id, fields)
         finally:
             self.seconds += time.perf_counter() - started
+            self.timed += 1
+        return True
 
     def _ingest(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         origin = fields.get(ORIGIN, b"")
-        if origin == self.replica_id:
-            return
         key = fields.get(KEY, b"")
         if key != self.key_id:
             self.counters["index_refused"] += 1
@@ -524,10 +528,11 @@ class Consumer:
     async def _ingest(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
         started = time.perf_counter()
         for entry_id, fields in entries:
-            self.ingester.ingest(entry_id, fields)
+            foreign = self.ingester.ingest(entry_id, fields)
             self.last_id = entry_id
-            with contextlib.suppress(KeyError, ValueError):
-                self.visibility.append(time.time() - float(fields[OFFERED]))
+            if foreign:  # one's own entries say nothing about visibility elsewhere
+                with contextlib.suppress(KeyError, ValueError):
+                    self.visibility.append(time.time() - float(fields[OFFERED]))
             if time.perf_counter() - started > YIELD_AFTER:
                 # Live scans run on this loop too: never hold it for a whole batch.
                 await asyncio.sleep(0)
@@ -677,7 +682,6 @@ class SharedIndex:
             flushed = self.publisher.flush_sync(client)
         finally:
             client.close()
-        ingested = self.counters["index_ingested"] + self.counters["index_skipped"]
         self.log.info(
             "index.stopped",
             replica=self.replica_id,
@@ -687,7 +691,7 @@ class SharedIndex:
             encode_us=round(
                 self.publisher.encode_seconds * 1e6 / max(1, self.publisher.encoded), 1
             ),
-            ingest_us=round(self.ingester.seconds * 1e6 / max(1, ingested), 1),
+            ingest_us=round(self.ingester.seconds * 1e6 / max(1, self.ingester.timed), 1),
             **{k: v for k, v in self.counters.items() if k.startswith("index_")},
         )
 
