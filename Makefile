@@ -16,6 +16,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	@./scripts/ensure-redis.sh
+	@./scripts/ensure-chromium.sh
 	$(VENV)/bin/ruff check proxy addons tests bench
 	$(VENV)/bin/ruff format --check proxy addons tests bench
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -1,0 +1,817 @@
+"""Forensic replay benchmark: memory and speed of ``crosstalk replay`` on a large capture,
+and the size and replay time of the fingerprint journal.
+
+How:
+
+1. *Synthetic capture.* One JSON-lines capture (the exchange format of README "Forensic
+   replay", ``proxy.readers.JSONL_FIELDS``) of ``--sizes``' largest size is written to a
+   temporary directory. Its content is the simulator's: requests of
+   ``proxy.sim.workload.Workload`` (``--tenants`` tenants, chat and completions, ~60%
+   streamed), answers of ``proxy.sim.textgen.answer_for``, cross-tenant leaks injected by
+   ``proxy.sim.faults.FaultInjector`` at ``--leak-rate``, and response bodies built by the
+   simulator's own functions (one SSE event per word, some cut mid-word, as ``crosstalk
+   sim --split-words`` sends them; the full JSON body for non-streamed ones). Every
+   exchange is generated, none repeated (~30 MB/s: a 1 GB capture takes about 30 s).
+   Requests arrive at ``--rate`` per second of recorded time (Poisson), the first byte of
+   the response 50-400 ms later, streams at 50 words/s. Tenants are sent as
+   ``X-Tenant-ID`` headers, so the default tenant rules apply. The smaller sizes are
+   prefixes of the largest file, cut at a line boundary.
+2. *Replay.* For each size, ``python -m proxy replay FILE --config C --log-file L
+   --report R.html --report R.json`` runs as a child process. The config has a fixed
+   ``detection.key`` and a learned state (commonness learned from 1,500 requests of
+   another seed of the workload, as ``tests/conftest.py`` makes it: a proxy that has run
+   for a while), the default 600 s window and ``max_fingerprints``. Measured: wall time
+   (MB/s and exchanges/s of input; the process start, ~1-2 s, included), CPU time, peak RSS
+   (``ru_maxrss`` of that child from ``os.wait4``), with VmRSS sampled from /proc every
+   0.2 s to show RSS a quarter, half and three quarters through the run. With the default
+   rate the 600 s window holds ~1,200 exchanges (~30 MB of capture), so on every size the
+   engine's index is full; the readers keep one sort buffer (``--sort-buffer``, at most
+   64 MB of bodies) per file. What still grows with the input is step 4. As a sanity
+   check the faulted exchanges (known from the generator) with a ``leak.detected`` event
+   are counted, and the exchanges without a fault that have one (not every fault is
+   findable: a 4-word page, or garbage with no source).
+3. *Journal.* ``crosstalk sim --leak-rate 0.1`` and in front of it ``crosstalk run
+   --journal DIR`` (same key, its own copy of the state) on loopback ports;
+   ``--journal-requests`` requests of the workload are sent through it with the ``openai``
+   SDK (``tests/traffic.py``, 8 threads). Once every exchange is logged, ``run`` is stopped (SIGTERM). Bytes per
+   exchange = the journal's segment bytes / the ``exchange`` events of the live log, gzip
+   as written and uncompressed. Then ``crosstalk replay DIR`` is timed like step 2 and
+   its findings compared with the live run's (victim request, source tenant and request,
+   kind), with the state as it was when the run began.
+4. *Caps.* Two engine structures grow with the distinct words of the input until a cap:
+   the learned vocabulary of rare words and the unit-hash cache. Their RSS when full is
+   measured in a fresh child process (``--measure-caps``): the bound of that growth.
+
+Loopback only; every child has a timeout and is stopped on exit. Nothing is
+extrapolated: every figure is measured in this run, on this machine.
+
+    python bench/replay.py [--quick] [--sizes 64,256,1024] [--journal-requests 300]
+                           [--workdir DIR] [--json out.json]
+
+``--quick`` (~20 s): sizes 4 and 16 MB, 80 journal requests. Exit status 0 when every
+replay ran (exit 0/1) and found leaks, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gzip
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from proxy.sim.faults import FaultInjector  # noqa: E402
+from proxy.sim.server import _Exchange, full_body, stream_events, stream_pieces  # noqa: E402
+from proxy.sim.textgen import answer_for, prompt_seed  # noqa: E402
+from proxy.sim.workload import Workload  # noqa: E402
+
+HOST = "127.0.0.1"
+MB = 1_000_000
+KEY = "be4c4b3e9c1d2a7f5e6b8a9c0d1e2f30415263748596a7b8c9d0e1f203142536"
+MODEL = "sim-llm-1"
+EPOCH = 1_777_000_000.0  # recorded time of the first exchange (2026-04-24)
+WORDS_PER_SECOND = 50.0  # streaming speed of the recorded engine
+SAMPLE_EVERY = 0.2  # seconds between VmRSS samples
+READY_TIMEOUT = 30.0
+STOP_TIMEOUT = 10.0
+MIN_MBPS = 0.3  # a replay slower than this is killed (timeout = 120 s + size / MIN_MBPS)
+
+
+# --- the synthetic capture ------------------------------------------------------------------
+
+
+@dataclass
+class Cut:
+    """A prefix of the capture: its size, what it holds and how long generating it took."""
+
+    bytes: int
+    exchanges: int
+    streamed: int
+    faults: int
+    recorded_seconds: float
+    generate_seconds: float
+
+
+def capture_lines(
+    seed: int, tenants: int, leak_rate: float, rate: float
+) -> Iterator[tuple[bytes, str, bool, bool, float]]:
+    """Endless JSON lines of the simulated workload: (line, request id, streamed,
+    faulted, time)."""
+    rng = random.Random(seed)
+    injector = FaultInjector(leak_rate, seed=seed)
+    now = EPOCH
+    for req in Workload(tenants=tenants, seed=seed).requests(sys.maxsize):
+        now += rng.expovariate(rate)
+        prompt = req.prompt_text()
+        answer, fault = injector.apply(req.tenant, req.request_id, prompt, answer_for(prompt))
+        injector.remember(req.tenant, req.request_id, prompt, answer, private=req.last_user_text())
+        kind = "chat" if req.endpoint == "chat" else "completions"
+        ex = _Exchange(
+            kind, req.tenant, req.request_id, prompt, req.last_user_text(), req.stream,
+            False, [answer], ["stop"], frozenset(),
+        )  # fmt: skip
+        resp_id = (
+            "chatcmpl-" if kind == "chat" else "cmpl-"
+        ) + f"{prompt_seed(req.request_id):016x}"
+        first = now + rng.uniform(0.05, 0.4)
+        end = first + len(answer.split()) / WORDS_PER_SECOND
+        line: dict[str, Any] = {
+            "time": round(now, 6),
+            "response_time": round(first if req.stream else end, 6),
+            "end_time": round(end, 6),
+            "headers": {"X-Tenant-ID": req.tenant, "X-Request-ID": req.request_id},
+            "path": req.path(),
+            "request": req.body(MODEL),
+        }
+        if req.stream:
+            pieces = stream_pieces(answer, 1, True, rng)
+            events = stream_events(ex, resp_id, int(now), MODEL, [pieces])
+            line["sse"] = b"".join(events).decode()
+        else:
+            line["response"] = full_body(ex, resp_id, int(now), MODEL)
+        yield orjson.dumps(line) + b"\n", req.request_id, req.stream, fault is not None, now
+
+
+def write_capture(
+    path: Path, sizes: Sequence[int], *, seed: int, tenants: int, leak_rate: float, rate: float
+) -> tuple[list[Cut], list[str]]:
+    """Write a capture of max(sizes) bytes (whole lines); a Cut at each size's last line,
+    and the ids of the faulted exchanges in file order."""
+    targets = sorted(sizes)
+    cuts: list[Cut] = []
+    fault_ids: list[str] = []
+    written = exchanges = streamed = faults = 0
+    started = time.perf_counter()
+    first_time = last_time = EPOCH
+    with path.open("wb", buffering=1 << 20) as out:
+        for line, rid, is_stream, faulted, when in capture_lines(seed, tenants, leak_rate, rate):
+            while targets and written + len(line) > targets[0]:
+                cuts.append(
+                    Cut(written, exchanges, streamed, faults, last_time - first_time,
+                        time.perf_counter() - started)
+                )  # fmt: skip
+                targets.pop(0)
+            if not targets:
+                break
+            out.write(line)
+            written += len(line)
+            exchanges += 1
+            streamed += is_stream
+            faults += faulted
+            last_time = when
+            if faulted:
+                fault_ids.append(rid)
+    return cuts, fault_ids
+
+
+def learn_state(path: Path, requests: int = 1500) -> None:
+    """What a proxy that has run for a while knows: commonness learned from earlier
+    traffic of the simulated deployment (another seed: other prompts and data), as
+    ``tests/conftest.py`` makes it, saved under the bench's key."""
+    from proxy.config import load, load_baseline, load_vocabulary
+    from proxy.engine import Engine
+
+    cfg = load(None, detection__key=KEY)
+    engine = Engine(
+        cfg.engine_config(), baseline=load_baseline(None), plain_words=load_vocabulary(None)
+    )
+    for i, req in enumerate(Workload(tenants=24, seed=4242).requests(requests)):
+        prompt = req.prompt_text()
+        scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=1000.0 + i)
+        scan.feed(answer_for(prompt))
+        scan.finish()
+    engine.save_commonness(path)
+
+
+def copy_prefix(src: Path, dst: Path, nbytes: int) -> None:
+    with src.open("rb") as fi, dst.open("wb") as fo:
+        left = nbytes
+        while left > 0:
+            block = fi.read(min(left, 8 << 20))
+            if not block:
+                break
+            fo.write(block)
+            left -= len(block)
+
+
+# --- a measured child process ---------------------------------------------------------------
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the benchmark dies, however it dies (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def vm_rss(pid: int) -> int | None:
+    """Resident set size of ``pid`` in bytes, from /proc (None where unavailable)."""
+    try:
+        for row in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if row.startswith("VmRSS:"):
+                return int(row.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+@dataclass
+class Measured:
+    """One child process: exit status, wall and CPU seconds, peak and sampled RSS."""
+
+    returncode: int
+    wall_s: float
+    cpu_s: float
+    peak_rss: int  # bytes, ru_maxrss of this child
+    samples: list[tuple[float, int]]  # (seconds since start, VmRSS bytes)
+    stderr: str
+
+    def rss_at(self, fraction: float) -> int | None:
+        """The VmRSS sample nearest to ``fraction`` of the wall time."""
+        if not self.samples:
+            return None
+        at = fraction * self.wall_s
+        return min(self.samples, key=lambda s: abs(s[0] - at))[1]
+
+
+def measure(argv: list[str], workdir: Path, name: str, timeout: float) -> Measured:
+    """Run ``argv`` to its end; its own rusage from ``os.wait4`` (not the children's max)."""
+    err_path = workdir / f"{name}.err"
+    with err_path.open("wb") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(
+            argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )  # fmt: skip
+    samples: list[tuple[float, int]] = []
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            elapsed = time.perf_counter() - started
+            if elapsed > timeout:
+                raise TimeoutError(f"{name}: no result after {timeout:.0f} s")
+            rss = vm_rss(proc.pid)
+            if rss is not None:
+                samples.append((elapsed, rss))
+            time.sleep(SAMPLE_EVERY)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError, ChildProcessError):
+            proc.kill()
+            os.waitpid(proc.pid, 0)
+        proc.returncode = -9
+        raise
+    wall = time.perf_counter() - started
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return Measured(
+        returncode=proc.returncode,
+        wall_s=wall,
+        cpu_s=usage.ru_utime + usage.ru_stime,
+        peak_rss=usage.ru_maxrss * 1024,  # KiB on Linux
+        samples=samples,
+        stderr=err_path.read_text(errors="replace"),
+    )
+
+
+_SUMMARY = re.compile(
+    r"(?P<records>[\d,]+) records \((?P<exchanges>[\d,]+) LLM exchanges\) in "
+    r"(?P<seconds>[\d.]+) s .*?: (?P<findings>[\d,]+) findings in (?P<incidents>[\d,]+) "
+    r"incidents; (?P<skipped>[\d,]+) records skipped"
+)
+
+
+def replay_summary(stderr: str) -> dict[str, float]:
+    """The numbers of ``crosstalk replay``'s last line (empty when it has none)."""
+    m = _SUMMARY.search(stderr)
+    return {k: float(v.replace(",", "")) for k, v in m.groupdict().items()} if m else {}
+
+
+def replay_argv(inputs: Sequence[Path], config: Path, workdir: Path, name: str) -> list[str]:
+    return [
+        sys.executable, "-m", "proxy", "replay", *map(str, inputs), "--config", str(config),
+        "--log-file", str(workdir / f"{name}.jsonl"), "--no-progress",
+        "--report", str(workdir / f"{name}.html"), "--report", str(workdir / f"{name}.json"),
+    ]  # fmt: skip
+
+
+# --- step 2: the replay ladder ----------------------------------------------------------------
+
+
+@dataclass
+class ReplayRow:
+    input: str
+    bytes: int
+    exchanges: int
+    streamed: int
+    faults_injected: int
+    recorded_seconds: float
+    returncode: int
+    wall_s: float
+    cpu_s: float
+    mb_per_s: float
+    exchanges_per_s: float
+    peak_rss_mb: float
+    rss_quarter_mb: float | None
+    rss_half_mb: float | None
+    rss_three_quarters_mb: float | None
+    replayed_seconds: float | None  # as the replay itself reports it (no process start)
+    findings: int | None
+    incidents: int | None
+    skipped: int | None
+    faulted_flagged: int  # faulted exchanges with a leak.detected event
+    clean_flagged: int  # exchanges without a fault that have one
+    error: str | None = None
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else n / MB
+
+
+def replay_row(label: str, cut: Cut, run: Measured, faulted: set[str], log: Path) -> ReplayRow:
+    s = replay_summary(run.stderr)
+    flagged = {e["request_id"] for e in read_events(log) if e.get("event") == "leak.detected"}
+    error = None
+    if run.returncode not in (0, 1) or not s:
+        error = f"exit {run.returncode}: " + " | ".join(run.stderr.strip().splitlines()[-3:])
+    return ReplayRow(
+        input=label,
+        bytes=cut.bytes,
+        exchanges=cut.exchanges,
+        streamed=cut.streamed,
+        faults_injected=cut.faults,
+        recorded_seconds=cut.recorded_seconds,
+        returncode=run.returncode,
+        wall_s=run.wall_s,
+        cpu_s=run.cpu_s,
+        mb_per_s=cut.bytes / MB / run.wall_s,
+        exchanges_per_s=cut.exchanges / run.wall_s,
+        peak_rss_mb=run.peak_rss / MB,
+        rss_quarter_mb=_mb(run.rss_at(0.25)),
+        rss_half_mb=_mb(run.rss_at(0.5)),
+        rss_three_quarters_mb=_mb(run.rss_at(0.75)),
+        replayed_seconds=s.get("seconds"),
+        findings=int(s["findings"]) if s else None,
+        incidents=int(s["incidents"]) if s else None,
+        skipped=int(s["skipped"]) if s else None,
+        faulted_flagged=len(flagged & faulted),
+        clean_flagged=len(flagged - faulted),
+        error=error,
+    )
+
+
+def size_label(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / MB:.0f} MB"
+
+
+def replay_ladder(args: argparse.Namespace, workdir: Path, config: Path) -> list[ReplayRow]:
+    sizes = [int(s * MB) for s in args.sizes]
+    biggest = workdir / "capture.jsonl"
+    print(f"generating a {size_label(max(sizes))} capture ...", flush=True)
+    cuts, fault_ids = write_capture(
+        biggest, sizes, seed=args.seed, tenants=args.tenants, leak_rate=args.leak_rate,
+        rate=args.rate,
+    )  # fmt: skip
+    gen = cuts[-1]
+    print(
+        f"  {gen.exchanges:,} exchanges ({gen.streamed:,} streamed, {gen.faults:,} faults "
+        f"injected), {gen.recorded_seconds / 3600:.1f} h of recorded time, generated in "
+        f"{gen.generate_seconds:.0f} s ({gen.bytes / MB / gen.generate_seconds:.0f} MB/s)",
+        flush=True,
+    )
+    rows = []
+    for cut in cuts:
+        path = biggest
+        if cut is not gen:
+            path = workdir / f"capture-{cut.bytes}.jsonl"
+            copy_prefix(biggest, path, cut.bytes)
+        label = size_label(cut.bytes)
+        timeout = 120 + cut.bytes / MB / MIN_MBPS
+        name = f"replay-{cut.bytes}"
+        run = measure(replay_argv([path], config, workdir, name), workdir, name, timeout)
+        log = workdir / f"{name}.jsonl"
+        row = replay_row(label, cut, run, set(fault_ids[: cut.faults]), log)
+        rows.append(row)
+        print(
+            f"  replay {label:>8}: {row.wall_s:6.1f} s  {row.mb_per_s:5.2f} MB/s  "
+            f"{row.exchanges_per_s:5.0f} exchanges/s  peak RSS {row.peak_rss_mb:5.0f} MB  "
+            f"findings {row.findings}, faulted/clean exchanges flagged {row.faulted_flagged}"
+            f"/{row.clean_flagged} of {row.faults_injected} faults"
+            + (f"  ERROR {row.error}" if row.error else ""),
+            flush=True,
+        )
+        if path != biggest:
+            path.unlink()
+        if not args.workdir:
+            log.unlink(missing_ok=True)
+    return rows
+
+
+# --- step 3: the journal of a live run --------------------------------------------------------
+
+
+@dataclass
+class JournalResult:
+    requests: int
+    exchanges: int
+    live_findings: int
+    segments: int
+    journal_bytes: int
+    journal_bytes_uncompressed: int
+    bytes_per_exchange: float
+    bytes_per_exchange_uncompressed: float
+    replay_wall_s: float
+    replay_cpu_s: float
+    replay_peak_rss_mb: float
+    replayed_seconds: float | None
+    replay_findings: int | None
+    same_findings: bool
+    returncode: int
+    errors: list[str] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes], name: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{name}: nothing listening on {HOST}:{port} after {READY_TIMEOUT:.0f} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT)
+    return proc.returncode
+
+
+def read_events(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [orjson.loads(x) for x in path.read_bytes().splitlines() if x.strip()]
+
+
+def leak_keys(events: list[dict]) -> set[tuple[str, ...]]:
+    return {
+        (e["request_id"], e["source_tenant"], e["source_request_id"], e["kind"])
+        for e in events
+        if e.get("event") == "leak.detected"
+    }
+
+
+def start(argv: list[str], workdir: Path, name: str) -> subprocess.Popen[bytes]:
+    with (workdir / f"{name}.out").open("wb") as out:
+        return subprocess.Popen(
+            argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )  # fmt: skip
+
+
+def journal_run(
+    args: argparse.Namespace, workdir: Path, run_config: Path, replay_config: Path
+) -> JournalResult:
+    """The live run uses ``run_config``; the journal is replayed with ``replay_config``:
+    the same key and rules, and the learned state as it was when the run began."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from traffic import run_workload  # the e2e tests' openai-SDK driver
+
+    journal, live_log = workdir / "journal", workdir / "live.jsonl"
+    sim_port, proxy_port = free_port(), free_port()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        sim_argv = [
+            sys.executable, "-m", "proxy", "sim", "--host", HOST, "--port", str(sim_port),
+            "--leak-rate", "0.1", "--token-delay", "0.001", "--split-words",
+            "--seed", str(args.seed), "--truth", str(workdir / "truth.jsonl"),
+        ]  # fmt: skip
+        procs.append(start(sim_argv, workdir, "sim"))
+        wait_port(sim_port, procs[0], "sim")
+        run_argv = [
+            sys.executable, "-m", "proxy", "run", "--upstream", f"http://{HOST}:{sim_port}",
+            "--listen-host", HOST, "--listen-port", str(proxy_port), "--config", str(run_config),
+            "--log-file", str(live_log), "--journal", str(journal),
+        ]  # fmt: skip
+        procs.append(start(run_argv, workdir, "run"))
+        wait_port(proxy_port, procs[1], "crosstalk run")
+        print(f"journal: {args.journal_requests} requests through crosstalk run ...", flush=True)
+        results = run_workload(
+            f"http://{HOST}:{proxy_port}",
+            tenants=args.tenants,
+            requests=args.journal_requests,
+            seed=args.seed + 1,
+            concurrency=8,
+        )
+        ids = {r.request.request_id for r in results}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            logged = {
+                e.get("request_id") for e in read_events(live_log) if e["event"] == "exchange"
+            }
+            if ids <= logged:
+                break
+            time.sleep(0.1)
+        status = stop(procs[1])
+        if status != 0:
+            raise RuntimeError(f"crosstalk run exited with {status}")
+    finally:
+        for p in reversed(procs):
+            stop(p)
+    events = read_events(live_log)
+    exchanges = len({e["request_id"] for e in events if e["event"] == "exchange"})
+    segments = sorted(journal.glob("*.ctj.gz"))
+    nbytes = sum(p.stat().st_size for p in segments)
+    raw = 0
+    for p in segments:
+        with gzip.open(p, "rb") as f:
+            while block := f.read(1 << 20):
+                raw += len(block)
+    argv = replay_argv([journal], replay_config, workdir, "journal-replay")
+    run = measure(argv, workdir, "journal-replay", 600)
+    s = replay_summary(run.stderr)
+    replayed = read_events(workdir / "journal-replay.jsonl")
+    errors = [r.error for r in results if r.error][:5]
+    if run.returncode not in (0, 1):
+        errors.append(f"journal replay exit {run.returncode}: {run.stderr.strip()[-300:]}")
+    return JournalResult(
+        requests=len(results),
+        exchanges=exchanges,
+        live_findings=len(leak_keys(events)),
+        segments=len(segments),
+        journal_bytes=nbytes,
+        journal_bytes_uncompressed=raw,
+        bytes_per_exchange=nbytes / max(exchanges, 1),
+        bytes_per_exchange_uncompressed=raw / max(exchanges, 1),
+        replay_wall_s=run.wall_s,
+        replay_cpu_s=run.cpu_s,
+        replay_peak_rss_mb=run.peak_rss / MB,
+        replayed_seconds=s.get("seconds"),
+        replay_findings=len(leak_keys(replayed)),
+        same_findings=leak_keys(replayed) == leak_keys(events),
+        returncode=run.returncode,
+        errors=errors,
+    )
+
+
+# --- step 4: what grows with the input, up to a cap ---------------------------------------------
+
+
+def measure_caps() -> dict[str, float]:
+    """In this (fresh) process: RSS of a full learned vocabulary (``max_entries`` rare
+    words of one tenant each, as the workload's reference numbers, amounts and names
+    are) and of a full unit-hash cache. Both grow with the distinct words of the input
+    until their cap, so a long replay's (or a live proxy's) RSS grows towards
+    baseline + these two."""
+    import gc
+
+    from proxy.engine.detector import Vocabulary
+    from proxy.engine.fingerprint import _UNIT_CACHE_LIMIT, Hasher
+
+    pid = os.getpid()
+    rng = random.Random(1)
+    tenants = [f"tenant-{i:02d}" for i in range(20)]
+    gc.collect()
+    before = vm_rss(pid) or 0
+    vocabulary = Vocabulary(3, 0.25)
+    for _ in range(vocabulary.max_entries // 1000):
+        vocabulary.learn(rng.choice(tenants), [rng.getrandbits(64) for _ in range(1000)])
+    gc.collect()
+    middle = vm_rss(pid) or 0
+    hasher = Hasher(KEY.encode()[:32], 4)
+    for i in range(_UNIT_CACHE_LIMIT):
+        hasher.unit(f"REF-{i:08d}")
+    gc.collect()
+    after = vm_rss(pid) or 0
+    return {
+        "vocabulary_entries": vocabulary.max_entries,
+        "vocabulary_mb": (middle - before) / MB,
+        "unit_cache_entries": _UNIT_CACHE_LIMIT,
+        "unit_cache_mb": (after - middle) / MB,
+    }
+
+
+def caps_in_child() -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--measure-caps"], cwd=REPO, capture_output=True,
+        text=True, timeout=300, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"--measure-caps exited with {done.returncode}: {done.stderr[-500:]}")
+    return json.loads(done.stdout)
+
+
+# --- output -----------------------------------------------------------------------------------
+
+
+def fmt(value: float | None, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def ladder_table(rows: Sequence[ReplayRow]) -> str:
+    head = (
+        "| capture (JSON lines) | exchanges | recorded time | wall s | MB/s | exchanges/s "
+        "| CPU s | MB per CPU s | peak RSS MB | RSS at 25 / 50 / 75% MB | findings | faulted exchanges "
+        "flagged | clean exchanges flagged |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        rss = " / ".join(fmt(x) for x in (r.rss_quarter_mb, r.rss_half_mb, r.rss_three_quarters_mb))
+        lines.append(
+            f"| {r.input} | {r.exchanges:,} | {r.recorded_seconds / 3600:.1f} h "
+            f"| {r.wall_s:.1f} | {r.mb_per_s:.2f} | {r.exchanges_per_s:.0f} | {r.cpu_s:.0f} "
+            f"| {r.bytes / MB / max(r.cpu_s, 1e-9):.2f} "
+            f"| {r.peak_rss_mb:.0f} | {rss} | {fmt(r.findings, ',')} "
+            f"| {r.faulted_flagged:,} of {r.faults_injected:,} | {r.clean_flagged:,} |"
+        )
+    return "\n".join(lines)
+
+
+def journal_table(j: JournalResult) -> str:
+    head = (
+        "| live exchanges | journal bytes (gzip) | bytes/exchange | uncompressed bytes/exchange "
+        "| journal replay wall s (replay's own) | peak RSS MB | findings live / replayed |"
+    )
+    return "\n".join(
+        [
+            head,
+            "|" + "---|" * (head.count("|") - 1),
+            f"| {j.exchanges:,} | {j.journal_bytes:,} | {j.bytes_per_exchange:,.0f} "
+            f"| {j.bytes_per_exchange_uncompressed:,.0f} | {j.replay_wall_s:.1f} "
+            f"({fmt(j.replayed_seconds, '.2f')}) "
+            f"| {j.replay_peak_rss_mb:.0f} | {j.live_findings} / {fmt(j.replay_findings)}"
+            f"{' (same)' if j.same_findings else ' (DIFFER)'} |",
+        ]
+    )
+
+
+def git_commit() -> str | None:
+    """HEAD of the checkout measured, with "+dirty" when proxy/ has local changes."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+            timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "proxy"], cwd=REPO, capture_output=True,
+            text=True, timeout=10, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="~20 s: 4 and 16 MB, 80 requests")
+    p.add_argument("--sizes", help="capture sizes in MB, comma-separated (default 64,256,1024)")
+    p.add_argument("--journal-requests", type=int, help="requests of the live run (default 300)")
+    p.add_argument("--tenants", type=int, default=20)
+    p.add_argument("--leak-rate", type=float, default=0.1, help="faults per exchange (capture)")
+    p.add_argument("--rate", type=float, default=2.0, help="exchanges per recorded second")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--no-journal", action="store_true", help="skip the live journal run")
+    p.add_argument("--workdir", metavar="DIR", help="keep the capture, logs and reports here")
+    p.add_argument("--json", metavar="PATH", help="write every number here")
+    p.add_argument("--measure-caps", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    default_sizes = "4,16" if args.quick else "64,256,1024"
+    try:
+        args.sizes = sorted({float(s) for s in (args.sizes or default_sizes).split(",")})
+    except ValueError:
+        p.error("--sizes: numbers of MB, comma-separated")
+    if not args.sizes or min(args.sizes) <= 0:
+        p.error("--sizes must be > 0")
+    if args.journal_requests is None:
+        args.journal_requests = 80 if args.quick else 300
+    if args.rate <= 0 or args.tenants < 2 or args.journal_requests < 1:
+        p.error("--rate must be > 0, --tenants >= 2, --journal-requests >= 1")
+    return args
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.measure_caps:  # step 4, in a child of the benchmark
+        print(json.dumps(measure_caps()))
+        return 0
+    signal.signal(signal.SIGTERM, _interrupt)
+    with contextlib.ExitStack() as stack:
+        if args.workdir:
+            workdir = Path(args.workdir)
+            workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="replay-")))
+        free = shutil.disk_usage(workdir).free
+        if free < 2.5 * max(args.sizes) * MB:
+            print(
+                f"replay bench: {free / 1e9:.1f} GB free in {workdir}: too little", file=sys.stderr
+            )
+            return 1
+        state = workdir / "state.npz"
+        learn_state(state)
+        config = workdir / "crosstalk.toml"  # read only: replay never writes the state
+        config.write_text(f'[detection]\nkey = "{KEY}"\nstate_file = "{state}"\n')
+        shutil.copy(state, workdir / "run-state.npz")
+        run_config = workdir / "run.toml"  # the live run saves its state at exit
+        run_config.write_text(
+            f'[detection]\nkey = "{KEY}"\nstate_file = "{workdir / "run-state.npz"}"\n'
+        )
+        print(
+            f"replay bench: sizes {', '.join(f'{s:g}' for s in args.sizes)} MB, {args.tenants} "
+            f"tenants, leak rate {args.leak_rate}, {args.rate:g} exchanges/s recorded; "
+            f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        commit = git_commit()
+        started = time.monotonic()
+        try:
+            rows = replay_ladder(args, workdir, config)
+            journal = None if args.no_journal else journal_run(args, workdir, run_config, config)
+            caps = caps_in_child()
+        except KeyboardInterrupt:
+            print("\ninterrupted", file=sys.stderr)
+            return 130
+        except (RuntimeError, TimeoutError) as e:
+            print(f"replay bench: {e}", file=sys.stderr)
+            return 1
+        elapsed = time.monotonic() - started
+
+    print()
+    print(ladder_table(rows))
+    if journal is not None:
+        print()
+        print(journal_table(journal))
+        for err in journal.errors:
+            print(f"  ! {err}")
+    print()
+    print(
+        f"What grows with the input, up to a cap (RSS measured full, in a fresh process): "
+        f"the learned vocabulary of rare words, {caps['vocabulary_entries']:,} entries = "
+        f"{caps['vocabulary_mb']:.0f} MB; the unit-hash cache, {caps['unit_cache_entries']:,} "
+        f"entries = {caps['unit_cache_mb']:.0f} MB."
+    )
+    print()
+    print(
+        f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"commit {commit}; "
+        f"load average at the end {os.getloadavg()[0]:.1f}. Run took {elapsed:.0f} s."
+    )
+    ok = all(r.error is None and r.findings for r in rows) and (
+        journal is None or (journal.returncode in (0, 1) and journal.exchanges > 0)
+    )
+    if args.json:
+        doc = {
+            "config": {k: v for k, v in vars(args).items() if k not in ("json", "workdir")},
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+            },
+            "commit": commit,
+            "replay": [asdict(r) for r in rows],
+            "journal": None if journal is None else asdict(journal),
+            "caps": caps,
+            "elapsed_s": elapsed,
+            "pass": ok,
+        }
+        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
