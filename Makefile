@@ -25,6 +25,8 @@ bench: $(STAMP)
 	$(PY) bench/quality.py
 	$(PY) bench/engine.py
 	$(PY) bench/passthrough.py
+	$(PY) bench/replay.py
+	$(PY) bench/scaleout.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
