@@ -909,7 +909,7 @@ class Vocabulary:
     ) -> None:
         self._common_tenants = common_tenants
         self._share = plain_share
-        self._users: dict[int, set[str]] = {}
+        self._users: dict[int, str | set[str]] = {}  # one tenant, or the set of them
         self._plain: set[int] = set()
         self._tenants: set[str] = set()
         self.max_entries = max_entries
@@ -926,7 +926,14 @@ class Vocabulary:
             if seen is None:
                 if len(users) >= self.max_entries:
                     users.clear()  # rare words of the past; plain ones are kept
-                users[unit] = {tenant}
+                # Most words are only ever one tenant's: a set each would cost ~200 bytes.
+                users[unit] = tenant
+            elif isinstance(seen, str):
+                if seen != tenant:
+                    users[unit] = {seen, tenant}
+                    if needed <= 2:
+                        plain.add(unit)
+                        del users[unit]
             elif tenant not in seen:
                 seen.add(tenant)
                 if len(seen) >= needed:
