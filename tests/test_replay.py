@@ -624,10 +624,12 @@ def reader_peak(path: Path, fmt: str) -> tuple[int, int]:
 
 @pytest.mark.parametrize("fmt", ["flows", "har", "jsonl"])
 def test_readers_stream_in_bounded_memory(tmp_path, fmt):
-    """8 MB and 40 MB of exchanges (200 KB each): reading the larger file takes no more
-    memory than reading the smaller one (a read block and a record or two)."""
+    """20 MB and 80 MB of exchanges (200 KB each): reading the larger file takes no more
+    memory than reading the smaller one (a read block and a record or two). Both sizes
+    are past the first hundred records, over which Python 3.13's caches still grow (a
+    few MB, then flat: measured up to 120 MB)."""
     peaks = []
-    for n in (40, 200):
+    for n in (100, 400):
         path = tmp_path / f"big-{n}.{fmt}"
         write_big(path, fmt, n)
         assert path.stat().st_size > n * 200_000
@@ -636,9 +638,9 @@ def test_readers_stream_in_bounded_memory(tmp_path, fmt):
         peaks.append(peak)
         path.unlink()
     small, large = peaks
-    print(f"{fmt}: peak {small / 1e6:.1f} MB for 8 MB, {large / 1e6:.1f} MB for 40 MB")
-    assert large < 1.3 * small + 1_000_000, peaks
-    assert large < 200 * 200_000 / 3, peaks
+    print(f"{fmt}: peak {small / 1e6:.1f} MB for 20 MB, {large / 1e6:.1f} MB for 80 MB")
+    assert large < 1.15 * small + 1_000_000, peaks
+    assert large < 400 * 200_000 / 3, peaks
 
 
 def test_progress_line_on_a_terminal(tmp_path, captured):

@@ -482,6 +482,8 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
     now = datetime.datetime.now(datetime.UTC)
 
     def build(subject: str, issuer: str, public, signer, *, ca: bool, san=None):
+        # Key identifiers and key usage: Python >= 3.13 verifies strictly (RFC 5280) and
+        # refuses a chain without them ("Missing Authority Key Identifier").
         builder = (
             x509.CertificateBuilder()
             .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
@@ -491,7 +493,30 @@ def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()),
+                critical=False,
+            )
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=not ca,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=ca,
+                    crl_sign=ca,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
         )
+        if not ca:
+            builder = builder.add_extension(
+                x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
+            )
         if san is not None:
             builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
         return builder.sign(signer, hashes.SHA256())
