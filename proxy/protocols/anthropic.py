@@ -37,6 +37,7 @@ import orjson
 from proxy.sse import SSEEvent
 
 from .openai import (
+    MALFORMED,
     OutputDelta,
     ParsedRequest,
     ProtocolError,
@@ -44,6 +45,7 @@ from .openai import (
     _opt_str,
     _opt_text,
     _Shape,
+    event_object,
 )
 
 __all__ = [
@@ -172,16 +174,9 @@ class StreamParser:
 
     def feed(self, event: SSEEvent) -> list[OutputDelta]:
         """Consume one SSE event and return the output text it carries. Never raises."""
-        data = event.data
-        if not data or data.isspace():
-            return []
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self.malformed_events += 1
-            return []
+        obj = event_object(event, done_marker=False)
         if not isinstance(obj, dict):
-            self.malformed_events += 1
+            self.malformed_events += obj == MALFORMED
             return []
         kind = obj.get("type") or event.event
         try:

@@ -54,6 +54,26 @@ class _Shape(Exception):
     """Internal: a value has the wrong type. Becomes ProtocolError or a malformed count."""
 
 
+#: What ``event_object`` returns for an event that holds no JSON object.
+NOTHING, DONE_MARKER, MALFORMED = "nothing", "done", "malformed"
+
+
+def event_object(event: SSEEvent, *, done_marker: bool = True) -> dict[str, Any] | str:
+    """The JSON object an SSE event's data holds; else ``NOTHING`` (no data),
+    ``DONE_MARKER`` (``data: [DONE]``, for the APIs that end with it) or ``MALFORMED``.
+    Shared by every API's stream parser."""
+    data = event.data
+    if not data or data.isspace():
+        return NOTHING
+    if done_marker and data[0] != "{" and data.strip() == "[DONE]":
+        return DONE_MARKER
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return MALFORMED
+    return obj if isinstance(obj, dict) else MALFORMED
+
+
 @dataclass(frozen=True, slots=True)
 class ParsedRequest:
     """What the proxy needs from a request body.
@@ -221,19 +241,10 @@ class StreamParser:
 
     def feed(self, event: SSEEvent) -> list[OutputDelta]:
         """Consume one SSE event and return the output text it carries. Never raises."""
-        data = event.data
-        if not data or data.isspace():
-            return []
-        if data[0] != "{" and data.strip() == "[DONE]":
-            self.done = True
-            return []
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self.malformed_events += 1
-            return []
+        obj = event_object(event)
         if not isinstance(obj, dict):
-            self.malformed_events += 1
+            self.done |= obj == DONE_MARKER
+            self.malformed_events += obj == MALFORMED
             return []
         err = obj.get("error")
         if err is not None or obj.get("object") == "error":

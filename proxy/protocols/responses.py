@@ -41,6 +41,7 @@ from proxy.sse import SSEEvent
 
 from . import openai
 from .openai import (
+    MALFORMED,
     OutputDelta,
     ParsedRequest,
     ProtocolError,
@@ -48,6 +49,7 @@ from .openai import (
     _opt_str,
     _opt_text,
     _Shape,
+    event_object,
 )
 
 __all__ = [
@@ -184,16 +186,9 @@ class StreamParser:
 
     def feed(self, event: SSEEvent) -> list[OutputDelta]:
         """Consume one SSE event and return the output text it carries. Never raises."""
-        data = event.data
-        if not data or data.isspace():
-            return []
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self.malformed_events += 1
-            return []
+        obj = event_object(event, done_marker=False)
         if not isinstance(obj, dict):
-            self.malformed_events += 1
+            self.malformed_events += obj == MALFORMED
             return []
         seq = obj.get("sequence_number")
         if isinstance(seq, int) and seq > self.sequence_number:

@@ -56,6 +56,8 @@ from proxy.sse import SSEEvent
 
 from . import openai
 from .openai import (
+    DONE_MARKER,
+    MALFORMED,
     OutputDelta,
     ParsedRequest,
     ProtocolError,
@@ -63,6 +65,7 @@ from .openai import (
     _opt_str,
     _opt_text,
     _Shape,
+    event_object,
 )
 
 __all__ = [
@@ -219,19 +222,10 @@ class StreamParser:
 
     def feed(self, event: SSEEvent) -> list[OutputDelta]:
         """Consume one SSE event and return the output text it carries. Never raises."""
-        data = event.data
-        if not data or data.isspace():
-            return []
-        if data[0] != "{" and data.strip() == "[DONE]":
-            self.done = True
-            return []
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self.malformed_events += 1
-            return []
+        obj = event_object(event)
         if not isinstance(obj, dict):
-            self.malformed_events += 1
+            self.done |= obj == DONE_MARKER
+            self.malformed_events += obj == MALFORMED
             return []
         err = obj.get("error")
         if err is not None:
