@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import gc
 import json
 import os
@@ -46,8 +45,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +59,8 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from common import die_with_parent, fmt, free_port, median_of, percentile, stop_processes  # noqa: E402
 
 from proxy.sim.workload import Workload  # noqa: E402
 
@@ -88,13 +87,6 @@ class Target:
     argv: list[str] | None
     port: int | None
     gated: bool = False  # checked against the ratio targets
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def mitmdump_path() -> str:
@@ -163,12 +155,6 @@ def make_targets(sim_url: str, workdir: Path, crosstalk_args: Sequence[str] = ()
 # --- processes ----------------------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the benchmark dies, however it dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 @dataclass
 class Server:
     """A started server process and where its output goes."""
@@ -202,24 +188,14 @@ def start_server(name: str, argv: list[str], workdir: Path) -> Server:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )
     return Server(name, proc, log)
 
 
 def stop_servers(servers: Sequence[Server]) -> None:
     """SIGTERM every server we started, then SIGKILL what is still alive after a grace time."""
-    for s in servers:
-        if s.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                s.proc.terminate()
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for s in servers:
-        try:
-            s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            s.proc.wait(timeout=STOP_TIMEOUT)
+    stop_processes([s.proc for s in servers], STOP_TIMEOUT)
 
 
 async def wait_ready(urls: dict[str, str], servers: dict[str, Server]) -> None:
@@ -379,17 +355,6 @@ async def run_load(
 # --- statistics ---------------------------------------------------------------------------
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 100]); nan for no values."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 @dataclass
 class RoundStats:
     """One target's numbers in one round."""
@@ -440,11 +405,6 @@ def round_stats(
         proxy_cpu_pct=None if cpu_s is None else 100 * cpu_s / wall,
         errors=errors[:5],
     )
-
-
-def median_of(values: Sequence[float | None]) -> float | None:
-    xs = [v for v in values if v is not None]
-    return statistics.median(xs) if xs else None
 
 
 @dataclass
@@ -510,10 +470,6 @@ def summarise(targets: Sequence[Target], rows: Sequence[RoundStats]) -> list[Sum
             )
         )
     return out
-
-
-def fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
 
 
 def verdict(s: Summary) -> str:

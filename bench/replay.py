@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import gzip
 import json
 import os
@@ -65,7 +64,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -79,6 +77,8 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from common import die_with_parent, free_port, stop_processes, wait_listening  # noqa: E402
 
 from proxy.sim.faults import FaultInjector  # noqa: E402
 from proxy.sim.server import _Exchange, full_body, stream_events, stream_pieces  # noqa: E402
@@ -217,12 +217,6 @@ def copy_prefix(src: Path, dst: Path, nbytes: int) -> None:
 # --- a measured child process ---------------------------------------------------------------
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the benchmark dies, however it dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def vm_rss(pid: int) -> int | None:
     """Resident set size of ``pid`` in bytes, from /proc (None where unavailable)."""
     try:
@@ -260,7 +254,7 @@ def measure(argv: list[str], workdir: Path, name: str, timeout: float) -> Measur
         started = time.perf_counter()
         proc = subprocess.Popen(
             argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )  # fmt: skip
     samples: list[tuple[float, int]] = []
     try:
@@ -449,32 +443,12 @@ class JournalResult:
     errors: list[str] = field(default_factory=list)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
 def wait_port(port: int, proc: subprocess.Popen[bytes], name: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with {proc.returncode} before listening")
-        with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"{name}: nothing listening on {HOST}:{port} after {READY_TIMEOUT:.0f} s")
+    wait_listening(port, proc, name, READY_TIMEOUT)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(STOP_TIMEOUT)
+    stop_processes([proc], STOP_TIMEOUT)
     return proc.returncode
 
 
@@ -496,7 +470,7 @@ def start(argv: list[str], workdir: Path, name: str) -> subprocess.Popen[bytes]:
     with (workdir / f"{name}.out").open("wb") as out:
         return subprocess.Popen(
             argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )  # fmt: skip
 
 

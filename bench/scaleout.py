@@ -92,7 +92,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import gc
 import json
 import os
@@ -101,7 +100,6 @@ import resource
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -119,6 +117,15 @@ sys.path.insert(0, str(REPO))
 import aiohttp  # noqa: E402
 import orjson  # noqa: E402
 import redis  # noqa: E402
+from common import (  # noqa: E402
+    die_with_parent,
+    fmt,
+    free_port,
+    median_of,
+    percentile,
+    stop_processes,
+    wait_listening,
+)
 
 from proxy.config import build_engine, load  # noqa: E402
 from proxy.engine.records import OutputRecord, PromptRecord  # noqa: E402
@@ -149,18 +156,6 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --- processes ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the benchmark dies, however it dies (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -203,36 +198,21 @@ def start(name: str, argv: list[str], workdir: Path, **kw: Any) -> Server:
             stdin=kw.pop("stdin", subprocess.DEVNULL),
             stdout=kw.pop("stdout", f),
             stderr=f,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
     return Server(name, proc, out, **kw)
 
 
 def stop_all(servers: Sequence[Server]) -> None:
     """SIGTERM every process still running, SIGKILL what is left after a grace time."""
-    for s in servers:
-        if s.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                s.proc.terminate()
-    deadline = time.monotonic() + STOP_TIMEOUT
-    for s in servers:
-        try:
-            s.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            s.proc.kill()
-            s.proc.wait(timeout=STOP_TIMEOUT)
+    stop_processes([s.proc for s in servers], STOP_TIMEOUT)
 
 
 def wait_port(server: Server, timeout: float = READY_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.name} exited ({server.proc.returncode}):\n{server.tail()}")
-        with contextlib.suppress(OSError), socket.create_connection((HOST, server.port), 0.2):
-            return
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{server.name}: nothing listening after {timeout:.0f} s")
-        time.sleep(0.05)
+    try:
+        wait_listening(server.port, server.proc, server.name, timeout)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}\n{server.tail()}") from None
 
 
 def start_redis(workdir: Path, servers: list[Server]) -> tuple[Server, redis.Redis]:
@@ -294,26 +274,6 @@ def pid_cpu(pid: int) -> float:
 
 
 # --- statistics ---------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 100]); nan for no values."""
-    if not values:
-        return float("nan")
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def median_of(values: Sequence[float | None]) -> float | None:
-    xs = [v for v in values if v is not None]
-    return statistics.median(xs) if xs else None
-
-
-def fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None or value != value else format(value, spec)
 
 
 # --- step 0: the learned state --------------------------------------------------------------

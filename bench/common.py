@@ -1,0 +1,80 @@
+"""What the benchmarks share: loopback ports, child processes that end with the
+benchmark, and the statistics of their tables."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def die_with_parent() -> None:
+    """In the child (``preexec_fn``): get SIGTERM when the benchmark dies, however it
+    dies (Linux; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def wait_listening(port: int, proc: subprocess.Popen, name: str, timeout: float) -> None:
+    """Until something accepts on ``port``; RuntimeError if ``proc`` exits first or
+    nothing listens within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode} before listening")
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: nothing listening on {HOST}:{port} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def stop_processes(procs: Sequence[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM every process still running, then SIGKILL what is left after ``timeout``
+    seconds (all share the one grace time)."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]); nan for no values."""
+    if not values:
+        return float("nan")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def median_of(values: Sequence[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(value: float | None, spec: str = ".1f") -> str:
+    """``value`` formatted, ``-`` for none (None or nan)."""
+    return "-" if value is None or value != value else format(value, spec)
