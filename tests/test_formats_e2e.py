@@ -25,12 +25,12 @@ import anthropic
 import openai
 import orjson
 import pytest
+import traffic
 from conftest import run_mitmdump, run_sim, wait_for_events
-from traffic import Judgement, is_target, load_truth, private_words_reached_client
+from traffic import Judgement, load_truth, private_words_reached_client
 
 from proxy.exchange import BLOCK_MESSAGE
 from proxy.protocols import ProtocolError, Route
-from proxy.sim.oracle import Observed, PrivacyOracle
 from proxy.sim.workload import SimRequest, Workload
 from proxy.sse import SSEDecoder
 
@@ -223,42 +223,23 @@ def run_formats(url: str, *, requests: int, seed: int, concurrency: int = 16) ->
 
 
 def judge(results: list[Result], truth: list[dict], events: list[dict], sent) -> Judgement:
-    """Injected faults against what the proxy logged (tests/traffic.py's judge, for
-    these formats; truth tenants are keys, mapped back to tenant names)."""
-    by_id = {r.request.request_id: r for r in results}
-    faults = {}
-    for t in truth:
-        if t["request_id"] in by_id:
-            t = {**t, "victim_tenant": tenant_of_key(t["victim_tenant"])}
-            faults[t["request_id"]] = {**t, "source_tenant": tenant_of_key(t["source_tenant"])}
-    oracle = PrivacyOracle(
-        Observed(r.request.tenant, r.request.prompt_text(),
-                 output_text(r.route, sent(rid), r.request.stream),
-                 faults.get(rid, {}).get("leaked_text", ""))
-        for rid, r in by_id.items()
-    )  # fmt: skip
-    leaks: dict[str, list[dict]] = {}
-    for e in events:
-        if e["event"] == "leak.detected":
-            leaks.setdefault(e["request_id"], []).append(e)
-    j = Judgement(oracle=oracle)
-    for rid in by_id:
-        fault = faults.get(rid)
-        if fault is None:
-            j.clean += 1
-            if rid in leaks:
-                j.clean_flagged.append(rid)
-            continue
-        if not is_target(fault, oracle, by_id):
-            continue
-        j.targets.append(fault)
-        if rid in leaks:
-            j.found.append(fault)
-            if leaks[rid][0]["source_tenant"] == fault["source_tenant"]:
-                j.right_source.append(fault)
-        else:
-            j.missed.append(fault)
-    return j
+    """tests/traffic.py's judge, for these formats: truth tenants are keys, mapped back to
+    tenant names, and each result's output is read in its own API's format."""
+    named = [
+        {
+            **t,
+            "victim_tenant": tenant_of_key(t["victim_tenant"]),
+            "source_tenant": tenant_of_key(t["source_tenant"]),
+        }
+        for t in truth
+    ]
+    return traffic.judge(
+        results,
+        named,
+        events,
+        sent,
+        text_of=lambda r, body: output_text(r.route, body, r.request.stream),
+    )
 
 
 def per_format(j: Judgement, results: list[Result]) -> dict[str, tuple[int, int, int]]:

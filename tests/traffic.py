@@ -97,13 +97,19 @@ class Judgement:
     oracle: PrivacyOracle | None = None
 
 
-def judge(results: list[Result], truth: list[dict], events: list[dict], sent) -> Judgement:
-    """``sent(request_id)`` returns the bytes the simulator sent for that request."""
+def judge(results, truth: list[dict], events: list[dict], sent, text_of=None) -> Judgement:
+    """``sent(request_id)`` returns the bytes the simulator sent for that request;
+    ``text_of(result, body)`` the output text of such bytes (default: this module's
+    OpenAI ``output_text``; other APIs' tests pass their own)."""
+    if text_of is None:
+
+        def text_of(r, body):
+            return output_text(r.request.endpoint, body, r.request.stream)
+
     by_id = {r.request.request_id: r for r in results}
     faults = {t["request_id"]: t for t in truth if t["request_id"] in by_id}
     oracle = PrivacyOracle(
-        Observed(r.request.tenant, r.request.prompt_text(),
-                 output_text(r.request.endpoint, sent(rid), r.request.stream),
+        Observed(r.request.tenant, r.request.prompt_text(), text_of(r, sent(rid)),
                  faults.get(rid, {}).get("leaked_text", ""))
         for rid, r in by_id.items()
     )  # fmt: skip
