@@ -35,7 +35,7 @@ from .entities import EntityIndex, EntityScanner, extract_entities, fold, iter_e
 from .fingerprint import Hasher, StreamWinnower, winnow
 from .index import CommonnessSketch, FingerprintIndex, PairFilter
 from .records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
-from .tokens import StreamTokenizer, unit_texts
+from .tokens import StreamTokenizer, UnitBatch, unit_texts
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
 
@@ -449,13 +449,7 @@ class ResponseScan:
         if now is not None:
             self._now = now
         state = self._state(choice)
-        batch = state.tokenizer.feed(delta)
-        texts = batch.texts
-        hashes = self.engine.hasher.units(texts)
-        numbers = [t[0].isdigit() and is_specific_number(t) for t in texts]
-        found = self._scan_units(
-            state, choice, hashes, numbers, batch.starts, batch.ends, batch.weights
-        )
+        found = self._scan_batch(state, choice, state.tokenizer.feed(delta))
         if state.entities is not None:
             self.engine.entities.maybe_rebuild()
             matches = state.entities.feed(delta)
@@ -475,12 +469,7 @@ class ResponseScan:
         found: list[Finding] = []
         seq = self.engine.tick()
         for choice, state in self._choices.items():
-            batch = state.tokenizer.flush()
-            hashes = self.engine.hasher.units(batch.texts)
-            numbers = list(map(is_specific_number, batch.texts))
-            found += self._scan_units(
-                state, choice, hashes, numbers, batch.starts, batch.ends, batch.weights, final=True
-            )
+            found += self._scan_batch(state, choice, state.tokenizer.flush(), final=True)
             if state.entities is not None:
                 matches = state.entities.finish()
                 state.matches.extend((*m, len(state.batches)) for m in matches)
@@ -589,6 +578,18 @@ class ResponseScan:
 
     # -- fragments -----------------------------------------------------------------
 
+    def _scan_batch(
+        self, state: _ChoiceState, choice: int, batch: UnitBatch, *, final: bool = False
+    ) -> list[Finding]:
+        """Scan units the tokenizer completed (``_scan_units`` takes keyed columns: the
+        live scan's and a replayed record's)."""
+        texts = batch.texts
+        numbers = [t[0].isdigit() and is_specific_number(t) for t in texts]
+        hashes = self.engine.hasher.units(texts)
+        return self._scan_units(
+            state, choice, hashes, numbers, batch.starts, batch.ends, batch.weights, final=final
+        )
+
     def _scan_units(
         self,
         state: _ChoiceState,
@@ -610,12 +611,10 @@ class ResponseScan:
         if final and (tail := winnower.flush()):
             selected.append(tail)
         if not new:
-            state.to_index += [fp for _, fp in selected]
-            self._learn_from(state)
+            self._learn_from([], [fp for _, fp in selected])
             return []
         fps = [fp for _, fp in new]
         is_private, owners, unowned = engine._classify(self.tenant, fps)
-        state.to_count += unowned
         private = {fp for fp, keep in zip(fps, is_private, strict=True) if keep}
         state.private_kgrams += sum(is_private)
         touched: set[int] = set()
@@ -630,19 +629,16 @@ class ResponseScan:
                 # Another tenant's text in this output is not this tenant's text: it must
                 # not make a later leak of it to the same tenant look like its own.
                 private.discard(fp)
-        state.to_index += [fp for _, fp in selected if fp in private]
-        self._learn_from(state)
+        self._learn_from(unowned, [fp for _, fp in selected if fp in private])
         return self._fragment_findings(state, choice, touched)
 
-    def _learn_from(self, state: _ChoiceState) -> None:
+    def _learn_from(self, to_count: list[int], to_index: list[int]) -> None:
         """What the output teaches the engine: its use of text, counted in the sketch,
         and its private fingerprints, a source for later responses. Right away, on every
         feed: batching it saved a fifth of the average time per delta but made every
         thirtieth delta four times slower (the per-delta p99 doubled)."""
-        engine = self.engine
-        engine._count_use(self.tenant, state.to_count, self._now)
-        engine.index.add_many(state.to_index, (self.slot << 1) | 1, self._now)
-        state.to_count, state.to_index = [], []
+        self.engine._count_use(self.tenant, to_count, self._now)
+        self.engine.index.add_many(to_index, (self.slot << 1) | 1, self._now)
 
     def _foreign_values(self, values: tuple[int, ...]) -> list[int]:
         """The index values (request slot and prompt/output bit) that make this k-gram
@@ -795,8 +791,6 @@ class _ChoiceState:
         "chars",
         "seqs",
         "finished",
-        "to_count",
-        "to_index",
     )
 
     def __init__(self, engine: Engine, own_units: frozenset[int] = frozenset()) -> None:
@@ -822,9 +816,6 @@ class _ChoiceState:
         self.chars = 0
         self.seqs: list[int] = []
         self.finished = False  # replay: its last step ran
-        # What this feed teaches, applied at its end (ResponseScan._learn_from).
-        self.to_count: list[int] = []
-        self.to_index: list[int] = []
 
     def add_units(
         self,

@@ -349,15 +349,9 @@ class PairFilter:
     _STEP = 0xC2B2AE3D27D4EB4F
     _MULTIPLIER = 0x9E3779B97F4A7C15
 
-    def _positions(self, pair: int) -> list[int]:
-        shift = 64 - self._bits
-        return [
-            (((pair + i * self._STEP) * self._MULTIPLIER) & _MASK64) >> shift
-            for i in range(self.HASHES)
-        ]
-
     def _position_arrays(self, pairs: np.ndarray) -> list[np.ndarray]:
-        """``_positions`` of every pair, as arrays (uint64 arithmetic wraps alike)."""
+        """The three bit positions of every pair, as arrays: the same as ``_add_scalar``'s
+        (uint64 arithmetic wraps like the masked Python ints)."""
         shift = np.uint64(64 - self._bits)
         with np.errstate(over="ignore"):
             return [
@@ -372,8 +366,8 @@ class PairFilter:
         return bool(self._add_scalar(tenant_key, [fingerprint]))
 
     def _add_scalar(self, tenant_key: int, fingerprints: Iterable[int]) -> list[int]:
-        """The fingerprints whose pair is new, recorded: ``_positions`` unrolled (the
-        hot path of every SSE delta)."""
+        """The fingerprints whose pair is new, recorded; unrolled, since this is the hot
+        path of every SSE delta."""
         current, previous = self.generations
         shift, step, mult = 64 - self._bits, self._STEP, self._MULTIPLIER
         new = []
