@@ -29,6 +29,15 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM ends the benchmark like Ctrl-C: its ``finally`` blocks stop the children."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 def wait_listening(port: int, proc: subprocess.Popen, name: str, timeout: float) -> None:
     """Until something accepts on ``port``; RuntimeError if ``proc`` exits first or
     nothing listens within ``timeout`` seconds."""

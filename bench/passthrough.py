@@ -44,7 +44,6 @@ import random
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -60,7 +59,15 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import die_with_parent, fmt, free_port, median_of, percentile, stop_processes  # noqa: E402
+from common import (  # noqa: E402
+    die_with_parent,
+    fmt,
+    free_port,
+    median_of,
+    percentile,
+    stop_on_sigterm,
+    stop_processes,
+)
 
 from proxy.sim.workload import Workload  # noqa: E402
 
@@ -565,13 +572,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     servers: list[Server] = []
     with contextlib.ExitStack() as stack:
         if args.keep_logs:

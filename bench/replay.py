@@ -63,7 +63,6 @@ import platform
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -78,7 +77,7 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import die_with_parent, free_port, stop_processes, wait_listening  # noqa: E402
+from common import die_with_parent, free_port, stop_on_sigterm, stop_processes, wait_listening  # noqa: E402
 
 from proxy.sim.faults import FaultInjector  # noqa: E402
 from proxy.sim.server import _Exchange, full_body, stream_events, stream_pieces  # noqa: E402
@@ -694,16 +693,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.measure_caps:  # step 4, in a child of the benchmark
         print(json.dumps(measure_caps()))
         return 0
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     with contextlib.ExitStack() as stack:
         if args.workdir:
             workdir = Path(args.workdir)

@@ -99,7 +99,6 @@ import random
 import resource
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -123,6 +122,7 @@ from common import (  # noqa: E402
     free_port,
     median_of,
     percentile,
+    stop_on_sigterm,
     stop_processes,
     wait_listening,
 )
@@ -1075,15 +1075,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, _frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stop_on_sigterm()
     os.environ["NO_PROXY"] = "127.0.0.1,localhost"
     args.key = secrets.token_hex(32)
     if args.wait_quiet > 0:
