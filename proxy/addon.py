@@ -25,6 +25,7 @@ from .engine import Engine, Finding
 from .engine.records import Record
 from .eventlog import make_logger
 from .exchange import BLOCK_MESSAGE, FAILED_CLOSED_MESSAGE, Enforcement, ExchangeMonitor
+from .idle import IdleQueue
 from .index_redis import SharedIndex, open_index
 from .journal import JournalError, JournalWriter
 from .journal import load_window as journal_load_window
@@ -76,6 +77,9 @@ class CrossTalk:
         self.journal: JournalWriter | None = None
         self._journal_failing = False
         self.index: SharedIndex | None = None  # scale-out: proxy/index_redis.py
+        # The detector's work in shadow mode, run when the event loop is idle, in order
+        # (prompts, chunks, ends of exchanges): forwarding never waits for it.
+        self.idle = IdleQueue()
         self._running = False
 
     def load(self, loader) -> None:
@@ -125,6 +129,7 @@ class CrossTalk:
             self.index.start()
 
     def done(self) -> None:
+        self.idle.drain()
         self._save_state()
         if self.index is not None:
             self.index.close()
@@ -268,19 +273,19 @@ class CrossTalk:
                 else:
                     self._sink(monitor.scan.prompt)
 
-            # Observed on the next turn of the event loop, right after the request is
-            # handed upstream: its ~1 ms is no longer added to this request's time to
-            # first token, and it still runs before any response byte that arrives
-            # later (the engine cannot leak a prompt it has not received yet).
+            # Observed once the loop is idle, after the request went upstream: its ~1 ms
+            # is not added to anyone's time to first token. It still comes before any
+            # response chunk that arrives later (the engine cannot leak a prompt it has
+            # not received yet): the idle queue runs in order, and synchronous scans
+            # drain it first.
             monitor.pending_observe = observe
-            asyncio.get_running_loop().call_soon(monitor.observe_now)
+            self.idle.push(monitor.observe_now)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         response = flow.response
         is_sse = "text/event-stream" in response.headers.get("content-type", "")
         if monitor is not None:
-            monitor.observe_now()
             response.headers["x-request-id"] = monitor.request_id
         if not is_sse:
             return  # buffered: scanned whole in ``response``
@@ -291,36 +296,62 @@ class CrossTalk:
 
         if self.config.proxy.log_evidence_text:
             monitor.keep_text = True
-        response.stream = monitor.on_chunk
+        if monitor.enforcement is None:
+            monitor.defer = self.idle.push
+            response.stream = monitor.on_chunk
+        else:
+            response.stream = self._synchronous(monitor.on_chunk)
 
     def response(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
+        monitor.ended = time.monotonic()
+        status = flow.response.status_code
+        if monitor.stream:
+            monitor.when_settled(lambda: self._log_exchange(flow, monitor, status))
+            return
+        self.idle.drain()
         monitor.observe_now()
-        if not monitor.stream:
-            if self.config.proxy.log_evidence_text:
-                monitor.keep_text = True
-            body = self._decoded_body(flow.response, monitor)
-            if body is not None and 200 <= flow.response.status_code < 300:
-                monitor.on_body(body)
-            else:
-                monitor.close()
-            if monitor.enforcement is not None and monitor.detector_error is not None:
-                monitor.failed_closed = monitor.enforcement.fail_closed
-            if monitor.verdict == "blocked":
-                self._replace_with_block(flow, monitor)
-            flow.response.headers["x-crosstalk-verdict"] = monitor.verdict
+        if self.config.proxy.log_evidence_text:
+            monitor.keep_text = True
+        body = self._decoded_body(flow.response, monitor)
+        if body is not None and 200 <= flow.response.status_code < 300:
+            monitor.on_body(body)
+        else:
+            monitor.close()
+        if monitor.enforcement is not None and monitor.detector_error is not None:
+            monitor.failed_closed = monitor.enforcement.fail_closed
+        if monitor.verdict == "blocked":
+            self._replace_with_block(flow, monitor)
+        flow.response.headers["x-crosstalk-verdict"] = monitor.verdict
         self._log_exchange(flow, monitor, flow.response.status_code)
 
     def error(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
-        monitor.observe_now()
-        monitor.close()
+        monitor.ended = time.monotonic()
         status = flow.response.status_code if flow.response else 502
-        self._log_exchange(flow, monitor, status, error=flow.error.msg if flow.error else None)
+        error = flow.error.msg if flow.error else None
+
+        def settle() -> None:
+            monitor.observe_now()
+            monitor.close()
+            self._log_exchange(flow, monitor, status, error=error)
+
+        monitor.when_settled(settle)
+
+    def _synchronous(self, on_chunk):
+        """A stream callable that brings the engine up to date (the idle queue) before
+        each chunk: an enforced stream is scanned at once, so everything received
+        before it must already be in the engine."""
+
+        def stream(chunk: bytes) -> list[bytes]:
+            self.idle.drain()
+            return on_chunk(chunk)
+
+        return stream
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -396,7 +427,7 @@ class CrossTalk:
             status=status,
             stream=monitor.stream,
             model=monitor.model,
-            duration_ms=round((time.monotonic() - monitor.started) * 1000, 2),
+            duration_ms=monitor.duration_ms,
             ttft_ms=monitor.ttft_ms,
             prompt_chars=monitor.prompt_chars,
             output_chars=monitor.output_chars,

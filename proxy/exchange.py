@@ -94,6 +94,7 @@ class ExchangeMonitor:
     prompt_chars: int = 0
     started: float = field(default_factory=time.monotonic)
     first_output: float | None = None
+    ended: float | None = None  # the response's end (time.monotonic), once known
     output_chars: int = 0
     findings: list[Finding] = field(default_factory=list)
     blocked_by: Finding | None = None
@@ -112,6 +113,10 @@ class ExchangeMonitor:
     # call: batching a few words cuts the CPU it takes from mitmproxy's event loop.
     scan_batch_chars: int = 0
     pending_observe: Callable[[], None] | None = None  # records the prompt (sets scan)
+    # Shadow: where the engine's work goes, ``defer(fn, *args)``, to run later in order
+    # with all other deferred work (proxy/idle.py). None: at once. Parsing stays inline
+    # (cheap, per event): only the engine's calls, a few per response, are deferred.
+    defer: Callable[..., None] | None = None
     # Observers set by other addons (proxy/guards.py, proxy/metrics.py): every output
     # delta (choice, text), and the seconds each engine scan call took.
     on_delta: Callable[[int, str], None] | None = None
@@ -176,6 +181,29 @@ class ExchangeMonitor:
         if self.blocked_by is not None:
             return out + self._cut(BLOCK_MESSAGE, "cross_tenant_leak")
         return out
+
+    def when_settled(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the work on everything received so far is done: at once,
+        or after the deferred work (``defer``). What reads the outcome (verdict,
+        findings, counts) at the end of an exchange goes through here."""
+        if self.defer is None:
+            fn()
+        else:
+            self.defer(fn)
+
+    def _later(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` now (its exceptions reach the caller, which fails open or
+        closed), or deferred (a shadow exchange: a failure there fails open)."""
+        if self.defer is None:
+            fn(*args)
+        else:
+            self.defer(self._failing_open, fn, args)
+
+    def _failing_open(self, fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception as e:  # noqa: BLE001
+            self._fail(e)
 
     def _shadow_chunk(self, chunk: bytes) -> None:
         if self.detector_error is not None or self._sse is None or self._decode is None:
@@ -247,7 +275,7 @@ class ExchangeMonitor:
 
     def on_body(self, body: bytes) -> None:
         """A whole (decoded) non-streamed response body."""
-        self.first_output = self.first_output or time.monotonic()
+        self.first_output = self.first_output or self.ended or time.monotonic()
         if self.detector_error is not None:
             return
         try:
@@ -290,25 +318,35 @@ class ExchangeMonitor:
                 self._texts.setdefault(delta.choice, []).append(delta.text)
             if self.on_delta is not None:
                 self.on_delta(delta.choice, delta.text)
-            if self.scan is None:
-                continue
+            if self.scan is None and self.pending_observe is None:
+                continue  # no prompt to scan against (unparsed request, failed observe)
             if self.scan_batch_chars and self.enforcement is None:
                 self._batched.setdefault(delta.choice, []).append(delta.text)
                 self._batched_chars += len(delta.text)
                 if self._batched_chars >= self.scan_batch_chars:
                     self._feed_batched()
-            else:
+            elif self.scan is not None:
                 self._report(self._timed(self.scan.feed, delta.text, delta.choice))
 
     def _feed_batched(self) -> None:
         batched, self._batched, self._batched_chars = self._batched, {}, 0
+        if batched:
+            self._later(self._scan_batched, batched)
+
+    def _scan_batched(self, batched: dict[int, list[str]]) -> None:
+        if self.scan is None or self.detector_error is not None:
+            return
         for choice, texts in batched.items():
             self._report(self._timed(self.scan.feed, "".join(texts), choice))
 
     def _finish(self) -> None:
-        if self.scan is not None and not self.scan.finished:
-            self._feed_batched()
-            self._report(self._timed(self.scan.finish))
+        self._feed_batched()
+        self._later(self._finish_scan)
+
+    def _finish_scan(self) -> None:
+        if self.scan is None or self.scan.finished or self.detector_error is not None:
+            return
+        self._report(self._timed(self.scan.finish))
 
     def _timed(self, call, *args) -> list[Finding]:
         start = time.perf_counter()
@@ -364,6 +402,11 @@ class ExchangeMonitor:
         if self.blocked_by is not None or self.failed_closed:
             return "blocked"
         return "leak" if self.findings else "clean"
+
+    @property
+    def duration_ms(self) -> float:
+        ended = self.ended if self.ended is not None else time.monotonic()
+        return round((ended - self.started) * 1000, 2)
 
     @property
     def ttft_ms(self) -> float | None:

@@ -247,8 +247,11 @@ class CrossTalkDegenerate:
 
     def _done(self, flow: http.HTTPFlow) -> None:
         watch = flow.metadata.pop(DEGENERATE_KEY, None)
-        if watch is None:
-            return
+        monitor = flow.metadata.get(METADATA_KEY)
+        if watch is not None and monitor is not None:
+            monitor.when_settled(lambda: self._finish(flow, watch))
+
+    def _finish(self, flow: http.HTTPFlow, watch: _Watch) -> None:
         try:
             watch.finish()
         except Exception:  # noqa: BLE001 -- a signal, never a reason to break an exchange

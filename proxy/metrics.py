@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .guards import CROSSTALK, METADATA_KEY
+
+if TYPE_CHECKING:
+    from .exchange import ExchangeMonitor
 
 OTHER = "other"
 COUNTED_KEY = "crosstalk.metrics_counted"
@@ -219,6 +222,9 @@ class CrossTalkMetrics:
         if monitor is None or flow.metadata.get(COUNTED_KEY):
             return
         flow.metadata[COUNTED_KEY] = True
+        monitor.when_settled(lambda: self._count_outcome(monitor))
+
+    def _count_outcome(self, monitor: ExchangeMonitor) -> None:
         self.requests.labels(self.tenants(monitor.tenant), monitor.verdict).inc()
         for finding in monitor.findings:
             self.findings.labels(finding.kind, monitor.action_for(finding)).inc()

@@ -1,0 +1,114 @@
+"""Work that waits until the event loop has nothing else to do.
+
+Shadow mode forwards every chunk as it comes and nothing waits on its verdict, but the
+engine's work (observing a prompt, scanning a batch of output, finishing a response)
+still runs on mitmproxy's single event loop. Done inline, in the hook or the stream
+callable, it delays that chunk and every chunk of every other stream that arrives while
+it runs. ``IdleQueue`` runs that work later, one item at a time, and only while no
+socket is ready and no other callback is waiting: forwarding goes first. An item that
+has started still runs to its end (Python cannot pre-empt it), so a chunk arriving
+meanwhile waits for it; smaller items wait less.
+
+Order is the point: items run first in, first out, so a prompt observed before a
+response's chunks is in the engine before they are scanned. Code that must use the
+engine synchronously (enforce mode, whole bodies) calls ``drain`` first.
+
+Bounded: an item never waits longer than ``max_delay`` seconds nor behind more than
+``max_items`` others; past either, items run whatever the loop is doing (the work is
+then paid inline, as without this queue). ``drain`` at shutdown loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_MAX_DELAY = 0.05  # seconds an item may wait for an idle loop
+DEFAULT_MAX_ITEMS = 10_000
+DEFAULT_SLICE = 0.002  # seconds of items per turn of the loop, at most (then yield)
+
+
+class IdleQueue:
+    """An ordered queue of callables run when the asyncio loop is idle (see module)."""
+
+    def __init__(
+        self,
+        *,
+        max_delay: float = DEFAULT_MAX_DELAY,
+        max_items: int = DEFAULT_MAX_ITEMS,
+        slice_seconds: float = DEFAULT_SLICE,
+    ) -> None:
+        self.max_delay = max_delay
+        self.max_items = max_items
+        self.slice_seconds = slice_seconds
+        self._items: deque[tuple[float, Callable[..., Any], tuple[Any, ...]]] = deque()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False
+        #: Items run before the loop was idle (``max_delay`` / ``max_items`` reached).
+        self.overdue = 0
+        #: Items whose callable raised: counted, never propagated to the loop.
+        self.errors = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def push(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` after every item pushed before it. Outside a running loop
+        (tests, replay) it runs at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.drain()
+            self._call(fn, args)
+            return
+        self._items.append((time.monotonic(), fn, args))
+        if not self._scheduled or loop is not self._loop:
+            self._loop = loop
+            self._scheduled = True
+            loop.call_soon(self._turn)
+
+    def drain(self) -> None:
+        """Run every queued item now, in order."""
+        while self._items:
+            _, fn, args = self._items.popleft()
+            self._call(fn, args)
+
+    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 -- items handle their own errors; never the loop's
+            self.errors += 1
+
+    def _turn(self) -> None:
+        self._scheduled = False
+        started = time.monotonic()
+        while self._items:
+            now = time.monotonic()
+            overdue = now - self._items[0][0] > self.max_delay or len(self._items) > self.max_items
+            if not overdue and (now - started > self.slice_seconds or self._loop_busy()):
+                break
+            self.overdue += overdue
+            _, fn, args = self._items.popleft()
+            self._call(fn, args)
+        loop = self._loop
+        if self._items and loop is not None and not loop.is_closed():
+            self._scheduled = True
+            loop.call_soon(self._turn)
+
+    def _loop_busy(self) -> bool:
+        """Whether the loop has other work: a ready callback, or a socket ready to read
+        or write. Uses the selector event loop's internals (asyncio's default on Linux,
+        which mitmproxy runs on); on another loop it answers busy only for callbacks."""
+        loop = self._loop
+        if getattr(loop, "_ready", None):
+            return True
+        selector = getattr(loop, "_selector", None)
+        if selector is None:
+            return False
+        try:
+            return bool(selector.select(0))
+        except (OSError, ValueError):
+            return False

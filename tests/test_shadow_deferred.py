@@ -1,0 +1,65 @@
+"""Shadow mode defers the engine's work (proxy/idle.py): chunks go out at once, the
+scan runs later in order, and what reads the outcome waits for it."""
+
+from __future__ import annotations
+
+from proxy.engine import Engine, EngineConfig
+from proxy.exchange import ExchangeMonitor
+from tests.test_enforce import PRIVATE, sse_stream
+
+
+def shadow_monitor(engine: Engine, deferred: list, findings: list) -> ExchangeMonitor:
+    m = ExchangeMonitor(
+        route="chat", tenant="B", request_id="b-1", scan=None,
+        on_findings=lambda _, found: findings.extend(found),
+        scan_batch_chars=64,
+    )  # fmt: skip
+    m.pending_observe = lambda: setattr(
+        m, "scan", engine.observe_prompt("B", "b-1", "what is new", now=1000.0)
+    )
+    m.defer = lambda fn, *args: deferred.append((fn, args))
+    deferred.append((m.observe_now, ()))  # as the addon queues it at the request
+    m.start_stream(None)
+    return m
+
+
+def run(deferred: list) -> None:
+    while deferred:
+        fn, args = deferred.pop(0)
+        fn(*args)
+
+
+def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    engine.observe_prompt("A", "a-1", PRIVATE, now=999.0).finish()
+    deferred: list = []
+    findings: list = []
+    m = shadow_monitor(engine, deferred, findings)
+    body = sse_stream(PRIVATE.split())
+    out = [piece for i in range(0, len(body), 50) for piece in m.on_chunk(body[i : i + 50])]
+    out += m.on_chunk(b"")
+    assert b"".join(out) == body  # forwarded untouched, before any scan
+    assert m.output_chars > 0 and m.scan is None and findings == []  # parsed, not scanned
+    settled: list[str] = []
+    m.when_settled(lambda: settled.append(m.verdict))
+    run(deferred)
+    assert [(f.kind, f.source_tenant, f.source_request_id) for f in findings] == [
+        ("fragment", "A", "a-1")
+    ]
+    assert settled == ["leak"]  # ran after the scan, saw its outcome
+    assert m.scan.finished and m.detector_error is None
+
+
+def test_a_deferred_failure_fails_open_and_is_reported():
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    deferred: list = []
+    m = shadow_monitor(engine, deferred, [])
+    m.on_chunk(sse_stream(["hello"] * 40))
+    run(deferred[:1])  # the prompt is observed
+    deferred.pop(0)
+    m.scan.feed = None  # the engine breaks: calling it raises TypeError
+    assert m.on_chunk(b"data: [DONE]\n\n") == [b"data: [DONE]\n\n"]
+    m.on_chunk(b"")
+    run(deferred)
+    assert m.detector_error is not None and "TypeError" in m.detector_error
+    assert m.verdict == "clean"
