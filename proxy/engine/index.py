@@ -142,14 +142,20 @@ class FingerprintIndex:
             return result
         query = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
         for gen in self._generations:
-            keys = gen.keys
-            pos = keys.searchsorted(query)
-            pos[pos == len(keys)] = len(keys) - 1
+            keys, values = gen.keys, gen.values
+            pos = np.minimum(keys.searchsorted(query), len(keys) - 1)
             hit = np.flatnonzero(keys[pos] == query)
-            for i in hit.tolist():
-                lo = int(pos[i])
-                hi = int(keys.searchsorted(query[i], side="right"))
-                result[i] = result[i] + tuple(gen.values[lo:hi].tolist())
+            if not hit.size:
+                continue
+            # Prompts repeat text the index holds (system prompts, earlier turns): hits
+            # are many, so their bounds and first values come from one call each.
+            lo = pos[hit]
+            hi = keys.searchsorted(query[hit], side="right")
+            for i, a, b, first in zip(
+                hit.tolist(), lo.tolist(), hi.tolist(), values[lo].tolist(), strict=True
+            ):
+                found = (first,) if b - a == 1 else tuple(values[a:b].tolist())
+                result[i] = result[i] + found if result[i] else found
         return result
 
     def evict(self, older_than: float) -> int:
