@@ -69,6 +69,8 @@ from common import (  # noqa: E402
     stop_processes,
 )
 
+from proxy.config import PolicySection  # noqa: E402
+from proxy.exchange import words_in  # noqa: E402
 from proxy.sim.workload import Workload  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -76,6 +78,11 @@ BASELINE = "bare mitmdump"
 DIRECT = "direct"
 TTFT_RATIO_MAX = 1.05
 EVENTS_RATIO_MIN = 0.95
+# Enforce holds back this many words (the default policy): its first token can only
+# come once the engine has produced them. Its TTFT is judged against bare mitmdump's
+# plus that generation time, with the shadow target's tolerance.
+HOLDBACK_WORDS = PolicySection().holdback_words
+HOLDBACK_RATIO_MAX = TTFT_RATIO_MAX
 TENANTS = 20
 READY_TIMEOUT = 30.0  # seconds for every server to answer
 REQUEST_TIMEOUT = 120.0  # seconds for one streamed response
@@ -94,6 +101,8 @@ class Target:
     argv: list[str] | None
     port: int | None
     gated: bool = False  # checked against the ratio targets
+    # Holds back HOLDBACK_WORDS: TTFT judged against bare mitmdump + their generation time
+    holdback: bool = False
 
 
 def mitmdump_path() -> str:
@@ -126,7 +135,7 @@ def make_targets(sim_url: str, workdir: Path, crosstalk_args: Sequence[str] = ()
         ]
         return Target(name, argv, port)
 
-    def crosstalk(name: str, mode: str, *extra: str, gated: bool = True) -> Target:
+    def crosstalk(name: str, mode: str, *extra: str, holdback: bool = False) -> Target:
         port = free_port()
         argv = [
             sys.executable,
@@ -146,16 +155,14 @@ def make_targets(sim_url: str, workdir: Path, crosstalk_args: Sequence[str] = ()
             *crosstalk_args,
             *extra,
         ]
-        return Target(name, argv, port, gated=gated)
+        return Target(name, argv, port, gated=True, holdback=holdback)
 
     return [
         Target(DIRECT, None, None),
         # lazy, as crosstalk sets it: both open the upstream connection per request
         mitmdump(BASELINE, "--set", "connection_strategy=lazy"),
         crosstalk("crosstalk shadow", "shadow"),
-        # Enforce holds back 16 words: its TTFT target is bare + 16 tokens' generation
-        # time, reported, not gated by the 1.05 ratio.
-        crosstalk("crosstalk enforce", "enforce", gated=False),
+        crosstalk("crosstalk enforce", "enforce", holdback=True),
     ]
 
 
@@ -248,6 +255,9 @@ class Result:
     """What one streamed response looked like from the client."""
 
     ttft: float | None = None  # seconds to the first content delta
+    # seconds to the event that brought the output past HOLDBACK_WORDS words: an enforcing
+    # proxy can release the first word then, at the earliest
+    past_holdback: float | None = None
     total: float = 0.0  # seconds to the end of the body
     events: int = 0  # SSE events with data (the [DONE] event included)
     nbytes: int = 0
@@ -265,22 +275,23 @@ def make_jobs(n: int, seed: int, max_tokens: int) -> list[Job]:
     return jobs
 
 
-def has_content(data: bytes) -> bool:
-    """Whether an SSE data payload carries output text (chat delta or completions text)."""
+def content_of(data: bytes) -> str:
+    """The output text an SSE data payload carries (chat deltas or completions text)."""
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return False
+        return ""
     choices = obj.get("choices") if isinstance(obj, dict) else None
+    texts = []
     for choice in choices or ():
         if not isinstance(choice, dict):
             continue
         delta = choice.get("delta")
-        if isinstance(delta, dict) and delta.get("content"):
-            return True
-        if choice.get("text"):
-            return True
-    return False
+        if isinstance(delta, dict) and isinstance(delta.get("content"), str):
+            texts.append(delta["content"])
+        if isinstance(choice.get("text"), str):
+            texts.append(choice["text"])
+    return "".join(texts)
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, job: Job) -> Result:
@@ -289,6 +300,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, job: Job) -> Res
     done = False
     after_done = False
     buf = b""
+    output = ""
     t0 = time.perf_counter()
     try:
         async with session.post(url, data=job.body, headers=headers) as resp:
@@ -311,8 +323,12 @@ async def one_request(session: aiohttp.ClientSession, url: str, job: Job) -> Res
                             after_done = True
                         elif data == b"[DONE]":
                             done = True
-                        elif res.ttft is None and has_content(data):
-                            res.ttft = time.perf_counter() - t0
+                        elif res.past_holdback is None and (text := content_of(data)):
+                            now = time.perf_counter() - t0
+                            res.ttft = now if res.ttft is None else res.ttft
+                            output += text
+                            if words_in(output) > HOLDBACK_WORDS:
+                                res.past_holdback = now
         res.total = time.perf_counter() - t0
     except (aiohttp.ClientError, TimeoutError, OSError) as e:
         res.error = f"{type(e).__name__}: {e}"
@@ -373,6 +389,8 @@ class RoundStats:
     failures: int
     ttft_p50_ms: float
     ttft_p99_ms: float
+    # median of (past_holdback - ttft): how long the engine takes to produce the holdback
+    holdback_gen_p50_ms: float
     completion_p50_ms: float
     events: int
     bytes: int
@@ -393,6 +411,11 @@ def round_stats(
 ) -> RoundStats:
     ttfts = [r.ttft * 1000 for r in results if r.ttft is not None and r.error is None]
     totals = [r.total * 1000 for r in results if r.error is None]
+    holdback_gen = [
+        (r.past_holdback - r.ttft) * 1000
+        for r in results
+        if r.error is None and r.ttft is not None and r.past_holdback is not None
+    ]
     events = sum(r.events for r in results)
     errors = [r.error for r in results if r.error is not None]
     return RoundStats(
@@ -403,6 +426,7 @@ def round_stats(
         failures=len(errors),
         ttft_p50_ms=percentile(ttfts, 50),
         ttft_p99_ms=percentile(ttfts, 99),
+        holdback_gen_p50_ms=percentile(holdback_gen, 50),
         completion_p50_ms=percentile(totals, 50),
         events=events,
         bytes=sum(r.nbytes for r in results),
@@ -420,6 +444,7 @@ class Summary:
 
     target: str
     gated: bool
+    holdback: bool
     rounds: int
     failures: int
     ttft_p50_ms: float | None
@@ -433,6 +458,12 @@ class Summary:
     events_ratio: float | None
     ttft_p50_ratios: list[float]
     events_ratios: list[float]
+    # holdback targets: TTFT p50 / (bare TTFT p50 + the direct target's holdback generation
+    # time p50), per round then medianed; and the two terms' medians
+    holdback_ratio: float | None
+    holdback_ratios: list[float]
+    holdback_gen_ms: float | None
+    added_over_bare_ms: float | None
     ttft_pass: bool | None
     events_pass: bool | None
 
@@ -440,6 +471,8 @@ class Summary:
 def summarise(targets: Sequence[Target], rows: Sequence[RoundStats]) -> list[Summary]:
     by: dict[tuple[str, int], RoundStats] = {(r.target, r.round): r for r in rows}
     rounds = sorted({r.round for r in rows})
+    # The engine's own pacing: measured without a proxy when the run has the direct target.
+    pacing = DIRECT if any(r.target == DIRECT for r in rows) else BASELINE
     out = []
     for t in targets:
         mine = [by[(t.name, n)] for n in rounds if (t.name, n) in by]
@@ -450,11 +483,23 @@ def summarise(targets: Sequence[Target], rows: Sequence[RoundStats]) -> list[Sum
         cpu_per_req = [
             1000 * m.proxy_cpu_s / m.requests if m.proxy_cpu_s is not None else None for m in mine
         ]
+        gen = [by[(pacing, n)].holdback_gen_p50_ms for n in rounds if (pacing, n) in by]
+        hold_r = [
+            m.ttft_p50_ms / (b.ttft_p50_ms + by[(pacing, m.round)].holdback_gen_p50_ms)
+            for m, b in zip(mine, base, strict=True)
+            if b and (pacing, m.round) in by
+        ]
+        added = [m.ttft_p50_ms - b.ttft_p50_ms for m, b in zip(mine, base, strict=True) if b]
         ttft_ratio, events_ratio = median_of(p50r), median_of(evr)
+        holdback_ratio = median_of(hold_r) if t.holdback else None
+        judged, limit = (
+            (holdback_ratio, HOLDBACK_RATIO_MAX) if t.holdback else (ttft_ratio, TTFT_RATIO_MAX)
+        )
         out.append(
             Summary(
                 target=t.name,
                 gated=t.gated,
+                holdback=t.holdback,
                 rounds=len(mine),
                 failures=sum(m.failures for m in mine),
                 ttft_p50_ms=median_of([m.ttft_p50_ms for m in mine]),
@@ -468,9 +513,11 @@ def summarise(targets: Sequence[Target], rows: Sequence[RoundStats]) -> list[Sum
                 events_ratio=events_ratio,
                 ttft_p50_ratios=p50r,
                 events_ratios=evr,
-                ttft_pass=None
-                if not t.gated or ttft_ratio is None
-                else ttft_ratio <= TTFT_RATIO_MAX,
+                holdback_ratio=holdback_ratio,
+                holdback_ratios=hold_r if t.holdback else [],
+                holdback_gen_ms=median_of(gen),
+                added_over_bare_ms=median_of(added),
+                ttft_pass=None if not t.gated or judged is None else judged <= limit,
                 events_pass=None
                 if not t.gated or events_ratio is None
                 else events_ratio >= EVENTS_RATIO_MIN,
@@ -504,6 +551,19 @@ def table(summaries: Sequence[Summary]) -> str:
             f"| {fmt(s.completion_p50_ms, '.0f')} | {fmt(s.proxy_cpu_pct, '.0f')} "
             f"| {fmt(s.proxy_cpu_ms_per_req, '.2f')} | {s.failures} | {verdict(s)} |"
         )
+    held = [s for s in summaries if s.holdback]
+    if held:
+        lines += [
+            "",
+            f"| target (holds back {HOLDBACK_WORDS:g} words) | TTFT p50 added over bare ms "
+            f"| generation of {HOLDBACK_WORDS:g} words p50 ms | TTFT p50 / (bare + generation) |",
+            "|---|---:|---:|---:|",
+        ]
+        for s in held:
+            lines.append(
+                f"| {s.target} | {fmt(s.added_over_bare_ms, '.1f')} | {fmt(s.holdback_gen_ms, '.1f')} "
+                f"| {fmt(s.holdback_ratio, '.3f')} (target <= {HOLDBACK_RATIO_MAX}) |"
+            )
     return "\n".join(lines)
 
 
@@ -634,6 +694,12 @@ def main(argv: list[str] | None = None) -> int:
                 + " ".join(f"{r:.3f}" for r in s.ttft_p50_ratios)
                 + "; events/s ratios "
                 + " ".join(f"{r:.3f}" for r in s.events_ratios)
+                + (
+                    "; TTFT p50 / (bare + holdback generation) "
+                    + " ".join(f"{r:.3f}" for r in s.holdback_ratios)
+                    if s.holdback
+                    else ""
+                )
             )
     ok = all(verdict(s) == "PASS" for s in summaries if s.gated) and not any(
         s.failures for s in summaries
