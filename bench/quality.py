@@ -38,8 +38,6 @@ import orjson  # noqa: E402
 from proxy.config import load_baseline, load_vocabulary  # noqa: E402
 from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
-from proxy.engine.tokens import units_of  # noqa: E402
-from proxy.exchange import words_in  # noqa: E402
 from proxy.sim.faults import ALL_FAULT_KINDS, FaultInjector  # noqa: E402
 from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
 from proxy.sim.textgen import answer_for  # noqa: E402
@@ -180,14 +178,12 @@ def evaluate(exchanges: list[Exchange], warmup: int, history: list[Exchange] = (
             target["right"] += right
             if not hit:
                 missed.append(ex)
-            elif (start := ex.answer.find(f.leaked_text)) >= 0 and f.source_tenant:
-                # Words of the answer from the leak's first private word to the point
-                # where the detector had enough: what enforce mode's holdback must cover.
-                mask = oracle.private_mask(f.source_tenant, f.leaked_text)
-                units = units_of(f.leaked_text)
-                first = next((u.start for u, (_, p, _) in zip(units, mask, strict=True) if p), 0)
-                begin = start + first
-                lags.append(words_in(ex.answer[begin : max(begin, ex.findings[0].detected_at)]))
+            elif f.leaked_text in ex.answer and f.source_tenant:
+                lags.append(
+                    oracle.words_to_detection(
+                        f.source_tenant, f.leaked_text, ex.answer, ex.findings[0].detected_at
+                    )
+                )
     return {
         "rows": rows,
         "clean": clean,

@@ -25,7 +25,7 @@ from typing import Any
 
 from .decoding import Decoder, UnsupportedEncoding, stream_decoder
 from .engine import Finding, ResponseScan
-from .engine.tokens import WORD_WEIGHT, units_of
+from .engine.tokens import words_in  # noqa: F401 -- part of this module's API
 from .gate import StreamGate
 from .protocols import OutputDelta, ProtocolError, Route, StreamParserLike, as_route
 from .sse import SSEDecoder, SSEFramer
@@ -71,11 +71,6 @@ def leak_event_fields(
         "choice": finding.choice,
         "evidence": finding.evidence,
     }
-
-
-def words_in(text: str) -> float:
-    """Output words in ``text`` (a CJK character counts half), as the engine counts."""
-    return sum(u.weight for u in units_of(text)) / WORD_WEIGHT
 
 
 @dataclass

@@ -17,8 +17,6 @@ from traffic import judge, load_truth, output_text, private_words_reached_client
 from proxy import journal
 from proxy.config import build_engine, load
 from proxy.engine.replayer import replay
-from proxy.engine.tokens import units_of
-from proxy.exchange import words_in
 
 REQUESTS, TENANTS = 1500, 24
 # Measured on this workload (README, "Quality"): 95-100% of target leaks found, 97-99%
@@ -228,15 +226,9 @@ def sent_text(sim, result) -> str:
 
 
 def detection_lag(fault: dict, answer: str, detection: dict, oracle) -> float:
-    """Words from the leak's first private word to where the detector was when it
-    reported it (``detected_at``)."""
-    start = answer.find(fault["leaked_text"])
-    if start < 0:
-        return 0.0
-    mask = oracle.private_mask(fault["source_tenant"], fault["leaked_text"])
-    units = units_of(fault["leaked_text"])
-    first = next((u.start for u, (_, p, _) in zip(units, mask, strict=True) if p), 0)
-    return words_in(answer[start + first : max(start + first, detection["detected_at"])])
+    return oracle.words_to_detection(
+        fault["source_tenant"], fault["leaked_text"], answer, detection["detected_at"]
+    )
 
 
 def sim_outcome(url: str, request_id: str) -> str:

@@ -154,3 +154,8 @@ class StreamTokenizer:
         text, base = self._pending, self._pending_at
         self._pending, self._pending_at = "", self._consumed
         return unit_batch(text, base)
+
+
+def words_in(text: str) -> float:
+    """Output words in ``text`` (a CJK character counts half), as the engine counts."""
+    return sum(u.weight for u in units_of(text)) / WORD_WEIGHT

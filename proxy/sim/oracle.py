@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..engine.tokens import WORD_WEIGHT, units_of
+from ..engine.tokens import WORD_WEIGHT, units_of, words_in
 
 ORACLE_K = 4
 
@@ -67,3 +67,16 @@ class PrivacyOracle:
         """Shingles of ``leaked`` that only ``source`` used: none may reach a client
         once the leak is blocked."""
         return {g for g in shingles(leaked) if len(set(g)) >= 3 and self.users.get(g) == {source}}
+
+    def words_to_detection(self, source: str, leaked: str, answer: str, detected_at: int) -> float:
+        """Words of ``answer`` from the leak's first private word to ``detected_at`` (the
+        output offset where the detector had enough, a finding's ``detected_at``): what an
+        enforcing holdback must cover. 0 when the leak is not in ``answer`` as is."""
+        start = answer.find(leaked)
+        if start < 0:
+            return 0.0
+        units = units_of(leaked)
+        mask = self.private_mask(source, leaked)
+        first = next((u.start for u, (_, p, _) in zip(units, mask, strict=True) if p), 0)
+        begin = start + first
+        return words_in(answer[begin : max(begin, detected_at)])
