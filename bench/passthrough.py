@@ -71,7 +71,9 @@ from common import (  # noqa: E402
 
 from proxy.config import PolicySection  # noqa: E402
 from proxy.exchange import words_in  # noqa: E402
-from proxy.sim.workload import Workload  # noqa: E402
+from proxy.sim.faults import PAGE_KINDS  # noqa: E402
+from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
+from proxy.sim.workload import SimRequest, Workload  # noqa: E402
 
 HOST = "127.0.0.1"
 BASELINE = "bare mitmdump"
@@ -608,6 +610,158 @@ async def bench(
     return rows
 
 
+# --- leaks: words from a leak's start to its detection --------------------------------------
+
+LEAK_RATE = 0.1
+LEAK_TOKEN_DELAY = 0.001  # lags are counted in words: no need to wait 5 ms a token
+# Scan every delta (shadow's default batches 64 characters): the lag an enforcing
+# proxy's holdback must cover.
+LEAK_CONFIG = "[policy]\nshadow_batch_chars = 0\n"
+
+
+@dataclass
+class LeakStats:
+    """Injected page leaks (>= 8 private words) through ``crosstalk run`` in shadow mode."""
+
+    requests: int
+    targets: int
+    found: int
+    right_source: int
+    clean: int
+    clean_flagged: int
+    lags: list[float]  # words from a found leak's first private word to its detection
+
+
+async def leak_request(session: aiohttp.ClientSession, url: str, req: SimRequest) -> str:
+    """The output text of one streamed chat request, as the client received it."""
+    headers = {"X-Tenant-ID": req.tenant, "X-Request-ID": req.request_id}
+    body = {"model": "sim-llm-1", "messages": req.messages, "stream": True}
+    text, buf = [], b""
+    async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+        async for chunk in resp.content.iter_any():
+            buf += chunk
+            while (end := buf.find(b"\n\n")) >= 0:
+                event, buf = buf[:end], buf[end + 2 :]
+                text += [content_of(line[5:].strip()) for line in event.split(b"\n")
+                         if line.startswith(b"data:")]  # fmt: skip
+    return "".join(text)
+
+
+async def leak_load(url: str, reqs: Sequence[SimRequest], concurrency: int) -> dict[str, str]:
+    outputs: dict[str, str] = {}
+    it = iter(reqs)
+    async with new_session(concurrency) as session:
+
+        async def worker() -> None:
+            for req in it:
+                outputs[req.request_id] = await leak_request(session, url, req)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return outputs
+
+
+def judge_leaks(
+    earlier: Sequence[SimRequest],
+    reqs: Sequence[SimRequest],
+    outputs: dict[str, str],
+    truth: Path,
+    log: Path,
+) -> LeakStats:
+    """Which injected page leaks in ``reqs`` had >= 8 private words (the oracle, which
+    also knows the ``earlier`` traffic), which were logged, and how many words after the
+    leak's first private word the detector had enough."""
+    faults = {}
+    for line in truth.read_text().splitlines() if truth.exists() else []:
+        fault = orjson.loads(line)
+        faults[fault["request_id"]] = fault
+    detections: dict[str, dict] = {}
+    for line in log.read_text().splitlines():
+        event = orjson.loads(line)
+        if event.get("event") == "leak.detected":
+            detections.setdefault(event["request_id"], event)
+    oracle = PrivacyOracle(
+        Observed(r.tenant, r.prompt_text(), outputs.get(r.request_id, ""),
+                 faults.get(r.request_id, {}).get("leaked_text", ""))
+        for r in [*earlier, *reqs]
+    )  # fmt: skip
+    stats = LeakStats(len(reqs), 0, 0, 0, 0, 0, [])
+    for req in reqs:
+        fault, found = faults.get(req.request_id), detections.get(req.request_id)
+        if fault is None:
+            stats.clean += 1
+            stats.clean_flagged += found is not None
+            continue
+        source, leaked = fault["source_tenant"], fault["leaked_text"]
+        if fault["kind"] not in PAGE_KINDS or oracle.private_run(source, leaked) < 8:
+            continue
+        stats.targets += 1
+        if found is None:
+            continue
+        stats.found += 1
+        stats.right_source += found["source_tenant"] == source
+        output = outputs[req.request_id]
+        if leaked in output:
+            stats.lags.append(
+                oracle.words_to_detection(source, leaked, output, found["detected_at"])
+            )
+    return stats
+
+
+async def measure_leaks(
+    args: argparse.Namespace, workdir: Path, servers: list[Server], crosstalk_args: Sequence[str]
+) -> LeakStats:
+    """A simulator injecting faults behind a shadow ``crosstalk run`` (both their own: the
+    timed rounds stay clean). ``--leak-warmup`` requests first, unjudged, so that the
+    engine has learned the workload's boilerplate as a deployed one has; then
+    ``--leak-requests``, judged."""
+    sim_port, proxy_port = free_port(), free_port()
+    truth, log = workdir / "leaks-truth.jsonl", workdir / "leaks-events.jsonl"
+    config = workdir / "leaks.toml"
+    config.write_text(LEAK_CONFIG)
+    sim_url, proxy_url = f"http://{HOST}:{sim_port}", f"http://{HOST}:{proxy_port}"
+    sim = start_server(
+        "leaks sim",
+        [sys.executable, "-m", "proxy", "sim", "--host", HOST, "--port", str(sim_port),
+         "--token-delay", str(LEAK_TOKEN_DELAY), "--split-words", "--leak-rate", str(LEAK_RATE),
+         "--truth", str(truth), "--seed", str(args.seed)],
+        workdir,
+    )  # fmt: skip
+    proxy = start_server(
+        "leaks crosstalk shadow",
+        [sys.executable, "-m", "proxy", "run", "--upstream", sim_url, "--listen-host", HOST,
+         "--listen-port", str(proxy_port), "--log-file", str(log), "--mode", "shadow",
+         "--config", str(config), *crosstalk_args],
+        workdir,
+    )  # fmt: skip
+    servers += [sim, proxy]
+    await wait_ready({"sim": sim_url, "proxy": proxy_url}, {"sim": sim, "proxy": proxy})
+    workload = Workload(tenants=TENANTS, seed=args.seed + 7919)
+    earlier = list(workload.requests(args.leak_warmup))
+    outputs = await leak_load(proxy_url, earlier, args.concurrency)
+    judged = list(workload.requests(args.leak_requests))
+    outputs |= await leak_load(proxy_url, judged, args.concurrency)
+    stop_servers([proxy, sim])  # flushes the event log and the truth file
+    return judge_leaks(earlier, judged, outputs, truth, log)
+
+
+def leak_table(stats: LeakStats) -> str:
+    lags = stats.lags
+    within = sum(lag <= HOLDBACK_WORDS for lag in lags)
+    return "\n".join(
+        [
+            "| leaks (shadow, leak rate 0.1) | value |",
+            "|---|---:|",
+            f"| requests / page leaks with >= 8 private words | {stats.requests} / {stats.targets} |",
+            f"| found / with the right source | {stats.found} / {stats.right_source} |",
+            f"| clean responses flagged | {stats.clean_flagged} / {stats.clean} |",
+            "| words from a leak's first private word to its detection, p50 / p90 / max "
+            f"| {fmt(percentile(lags, 50), '.1f')} / {fmt(percentile(lags, 90), '.1f')} "
+            f"/ {fmt(max(lags, default=float('nan')), '.1f')} |",
+            f"| detected within the {HOLDBACK_WORDS:g}-word holdback | {within} / {len(lags)} |",
+        ]
+    )
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="~30 s: 3 rounds of 48 requests")
@@ -620,6 +774,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
+        "--leak-requests",
+        type=int,
+        help="requests of the leak measurement (default 600, quick 200; 0: skip it)",
+    )
+    p.add_argument(
+        "--leak-warmup", type=int, help="unjudged requests before it (default 1000, quick 300)"
+    )
+    p.add_argument(
         "--crosstalk-args", default="", help="extra arguments for every crosstalk command (shell)"
     )
     p.add_argument("--keep-logs", metavar="DIR", help="write server output and event logs here")
@@ -627,6 +789,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.rounds = args.rounds if args.rounds is not None else (3 if args.quick else 5)
     args.requests = args.requests if args.requests is not None else (48 if args.quick else 200)
+    if args.leak_requests is None:
+        args.leak_requests = 200 if args.quick else 600
+    if args.leak_warmup is None:
+        args.leak_warmup = 300 if args.quick else 1000
     if args.rounds < 1 or args.requests < 1 or args.concurrency < 1:
         p.error("--rounds, --requests and --concurrency must be >= 1")
     return args
@@ -670,13 +836,18 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         try:
             rows = asyncio.run(bench(args, targets, urls, {"sim": servers[0], **by_name}))
+            elapsed = time.monotonic() - started
+            stop_servers(servers)  # the leak measurement has servers of its own
+            leaks = None
+            if args.leak_requests > 0:
+                ct_args = shlex.split(args.crosstalk_args)
+                leaks = asyncio.run(measure_leaks(args, workdir, servers, ct_args))
         except KeyboardInterrupt:
             print("\ninterrupted; stopping servers", file=sys.stderr)
             return 130
         except RuntimeError as e:
             print(f"passthrough: {e}", file=sys.stderr)
             return 1
-        elapsed = time.monotonic() - started
 
     summaries = summarise(targets, rows)
     print()
@@ -687,6 +858,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Targets: TTFT p50 ratio <= {TTFT_RATIO_MAX}, events/s ratio >= {EVENTS_RATIO_MIN}, "
         f"0 failures. Run took {elapsed:.0f} s."
     )
+    if leaks is not None:
+        print()
+        print(leak_table(leaks))
     for s in summaries:
         if s.gated:
             print(
@@ -713,9 +887,11 @@ def main(argv: list[str] | None = None) -> int:
             "thresholds": {
                 "ttft_p50_ratio_max": TTFT_RATIO_MAX,
                 "events_ratio_min": EVENTS_RATIO_MIN,
+                "holdback_ratio_max": HOLDBACK_RATIO_MAX,
             },
             "summary": [asdict(s) for s in summaries],
             "rounds": [asdict(r) for r in rows],
+            "leaks": asdict(leaks) if leaks is not None else None,
             "elapsed_s": elapsed,
             "pass": ok,
         }

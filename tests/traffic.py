@@ -16,11 +16,12 @@ import openai
 
 from proxy.engine.entities import extract_entities
 from proxy.protocols.openai import StreamParser, parse_response
+from proxy.sim.faults import PAGE_KINDS
 from proxy.sim.oracle import Observed, PrivacyOracle, shingles
 from proxy.sim.workload import SimRequest, Workload
 from proxy.sse import SSEDecoder
 
-TARGET_PAGE_KINDS = ("prompt_page", "output_page", "misroute")
+TARGET_PAGE_KINDS = PAGE_KINDS
 
 
 @dataclass

@@ -24,6 +24,8 @@ FAULT_KINDS: tuple[str, ...] = ("prompt_page", "output_page", "entities", "misro
 # with about one word in twelve replaced, as when a page is only partly overwritten.
 EXTRA_FAULT_KINDS: tuple[str, ...] = ("noisy_page",)
 ALL_FAULT_KINDS = FAULT_KINDS + EXTRA_FAULT_KINDS
+#: Faults that copy a run of another tenant's text: judged by its private words.
+PAGE_KINDS: tuple[str, ...] = ("prompt_page", "output_page", "misroute")
 NOISE_RATE = 1 / 12
 POSITIONS: tuple[str, ...] = ("prefix", "middle", "suffix", "whole")
 
