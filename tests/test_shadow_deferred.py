@@ -3,9 +3,10 @@ scan runs later in order, and what reads the outcome waits for it."""
 
 from __future__ import annotations
 
+from test_enforce import PRIVATE, sse_stream
+
 from proxy.engine import Engine, EngineConfig
 from proxy.exchange import ExchangeMonitor
-from tests.test_enforce import PRIVATE, sse_stream
 
 
 def shadow_monitor(engine: Engine, deferred: list, findings: list) -> ExchangeMonitor:
