@@ -340,6 +340,8 @@ class CrossTalk:
             monitor.close()
             self._log_exchange(flow, monitor, status, error=error)
 
+        if monitor.defer is None:
+            self.idle.drain()  # what was queued before this exchange ended goes first
         monitor.when_settled(settle)
 
     def _synchronous(self, on_chunk):
