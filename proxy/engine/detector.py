@@ -442,6 +442,7 @@ class ResponseScan:
         self._now = prompt.time
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
         self._foreign_entities: set[str] = set()  # ids found here that are not ours
+        self._similar: dict[int, bool] = {}  # slot -> asked (nearly) the same as this one
         self.finished = False
 
     def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list[Finding]:
@@ -640,6 +641,14 @@ class ResponseScan:
         self.engine._count_use(self.tenant, to_count, self._now)
         self.engine.index.add_many(to_index, (self.slot << 1) | 1, self._now)
 
+    def _same_question(self, slot: int) -> bool:
+        """``Engine.similar_prompts`` of this request and ``slot``, once per slot: a
+        response meets the same source on many of its k-grams."""
+        same = self._similar.get(slot)
+        if same is None:
+            same = self._similar[slot] = self.engine.similar_prompts(self.slot, slot)
+        return same
+
     def _foreign_values(self, values: tuple[int, ...]) -> list[int]:
         """The index values (request slot and prompt/output bit) that make this k-gram
         foreign: none when the victim's tenant or enough tenants use it, or when it is in
@@ -651,7 +660,7 @@ class ResponseScan:
             record = engine._requests.get(value >> 1)
             if record is None:
                 continue  # expired
-            if value & 1 and engine.similar_prompts(self.slot, value >> 1):
+            if value & 1 and self._same_question(value >> 1):
                 return []  # the answer to the same question: explained, whoever else has it
             tenants.add(record.tenant)
             foreign.append(value)
@@ -738,7 +747,7 @@ class ResponseScan:
             sources = [
                 (t, value)
                 for t, (value, _) in sorted(owner.tenants.items(), key=lambda item: -item[1][1])
-                if not (value & 1 and self.engine.similar_prompts(self.slot, value >> 1))
+                if not (value & 1 and self._same_question(value >> 1))
             ]
             if not sources:
                 continue  # only in answers to the same question
