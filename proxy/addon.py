@@ -79,7 +79,7 @@ class CrossTalk:
         self.index: SharedIndex | None = None  # scale-out: proxy/index_redis.py
         # The detector's work in shadow mode, run when the event loop is idle, in order
         # (prompts, chunks, ends of exchanges): forwarding never waits for it.
-        self.idle = IdleQueue()
+        self.idle = IdleQueue(on_error=self._idle_failed)
         self._running = False
 
     def load(self, loader) -> None:
@@ -343,6 +343,11 @@ class CrossTalk:
         if monitor.defer is None:
             self.idle.drain()  # what was queued before this exchange ended goes first
         monitor.when_settled(settle)
+
+    def _idle_failed(self, error: Exception) -> None:
+        """A deferred item raised outside the monitor's own failure handling (e.g. while
+        logging an exchange): said in the log, never to the event loop."""
+        self.log.error("shadow_queue.error", reason=f"{type(error).__name__}: {error}"[:300])
 
     def _synchronous(self, on_chunk):
         """A stream callable that brings the engine up to date (the idle queue) before

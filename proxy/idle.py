@@ -40,16 +40,19 @@ class IdleQueue:
         max_delay: float = DEFAULT_MAX_DELAY,
         max_items: int = DEFAULT_MAX_ITEMS,
         slice_seconds: float = DEFAULT_SLICE,
+        on_error: Callable[[Exception], None] | None = None,
     ) -> None:
         self.max_delay = max_delay
         self.max_items = max_items
         self.slice_seconds = slice_seconds
+        self.on_error = on_error  # told of each item that raised (then it is dropped)
         self._items: deque[tuple[float, Callable[..., Any], tuple[Any, ...]]] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
         #: Items run before the loop was idle (``max_delay`` / ``max_items`` reached).
         self.overdue = 0
-        #: Items whose callable raised: counted, never propagated to the loop.
+        #: Items whose callable raised: counted and passed to ``on_error``, never
+        #: propagated to the loop.
         self.errors = 0
 
     def __len__(self) -> int:
@@ -79,8 +82,10 @@ class IdleQueue:
     def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:
             fn(*args)
-        except Exception:  # noqa: BLE001 -- items handle their own errors; never the loop's
+        except Exception as e:  # noqa: BLE001 -- never the loop's problem
             self.errors += 1
+            if self.on_error is not None:
+                self.on_error(e)
 
     def _turn(self) -> None:
         self._scheduled = False

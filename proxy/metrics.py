@@ -83,6 +83,24 @@ class _Collector:
                 continue
             name = "crosstalk_" + _NAME.sub("_", key)
             yield CounterMetricFamily(name, f"CrossTalk counter {key!r}.", value=value)
+        if crosstalk is not None:
+            idle = crosstalk.idle
+            yield GaugeMetricFamily(
+                "crosstalk_shadow_queue_items",
+                "Shadow-mode engine work waiting for an idle event loop.",
+                value=len(idle),
+            )
+            yield CounterMetricFamily(
+                "crosstalk_shadow_queue_overdue",
+                "Queued items run before the loop was idle (waited 50 ms or behind 10,000): "
+                "the proxy is short of CPU.",
+                value=idle.overdue,
+            )
+            yield CounterMetricFamily(
+                "crosstalk_shadow_queue_errors",
+                "Queued items that raised (each logged as shadow_queue.error).",
+                value=idle.errors,
+            )
         engine = crosstalk.engine if crosstalk is not None else None
         if engine is not None:
             yield GaugeMetricFamily(

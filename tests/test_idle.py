@@ -148,3 +148,11 @@ def test_long_runs_yield_to_the_loop_between_slices(slice_seconds):
         assert order.index("timer") < 4  # not after all four items
 
     asyncio.run(main())
+
+
+def test_on_error_hears_of_each_failing_item():
+    heard: list[str] = []
+    queue = IdleQueue(on_error=lambda e: heard.append(type(e).__name__))
+    queue.push(lambda: {}["missing"])
+    queue.push(lambda: None)
+    assert heard == ["KeyError"] and queue.errors == 1

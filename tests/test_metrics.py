@@ -182,6 +182,10 @@ def test_scrape_matches_the_traffic(tmp_path: Path):
     )
     assert value(samples, "crosstalk_fingerprints") > 0
     assert value(samples, "crosstalk_fingerprints_evicted_total") == 0
+    # The shadow queue: drained (every exchange was logged), nothing failed or ran late.
+    assert value(samples, "crosstalk_shadow_queue_items") == 0
+    assert value(samples, "crosstalk_shadow_queue_errors_total") == 0
+    assert value(samples, "crosstalk_shadow_queue_overdue_total") == 0
 
     # Every metric the example alert rules use is exposed (index_*: with Redis only).
     rules = (ROOT / "config" / "prometheus-alerts.yml").read_text()
