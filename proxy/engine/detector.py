@@ -265,8 +265,10 @@ class Engine:
             digest=self.hasher.digest(record.units.tobytes()).encode(),
         )
         value = slot << 1
-        for _, fp in winnow(private, self.config.winnow_window):
-            self.index.add(fp, value | (fp in model_fps), now)
+        winnowed = [fp for _, fp in winnow(private, self.config.winnow_window)]
+        self.index.add_many([fp for fp in winnowed if fp not in model_fps], value, now)
+        if model_fps:  # earlier assistant turns: indexed as this request's output
+            self.index.add_many([fp for fp in winnowed if fp in model_fps], value | 1, now)
         for kind, entity_id in record.entities:
             if entity_id not in self._baseline_entities:
                 self.entities.add(
@@ -296,17 +298,20 @@ class Engine:
         counts = self.sketch.counts(fps)
         threshold = self.config.common_tenants
         owners = self.index.lookup(fps)
-        tenant_of = self._tenant_of
-        unowned = [
-            fp
-            for fp, count, values in zip(fps, counts, owners, strict=True)
-            if count < threshold and (not values or all(tenant_of(v) != tenant for v in values))
-        ]
-        baseline = self.baseline
-        private = [
-            count < threshold and fp not in baseline and len(values) < 64
-            for fp, count, values in zip(fps, counts, owners, strict=True)
-        ]
+        requests, baseline = self._requests, self.baseline
+        private: list[bool] = []
+        unowned: list[int] = []
+        for fp, count, values in zip(fps, counts, owners, strict=True):
+            if count >= threshold:
+                private.append(False)
+                continue
+            private.append(fp not in baseline and len(values) < 64)
+            for v in values:
+                record = requests.get(v >> 1)
+                if record is not None and record.tenant == tenant:
+                    break  # this tenant owns it already
+            else:
+                unowned.append(fp)
         return private, owners, unowned
 
     def _count_use(self, tenant: str, fps: list[int], now: float) -> None:
@@ -324,10 +329,6 @@ class Engine:
             digest = hashlib.blake2b(tenant.encode(), key=self.hasher.key, digest_size=8)
             key = self._tenant_keys[tenant] = int.from_bytes(digest.digest(), "little")
         return key
-
-    def _tenant_of(self, value: int) -> str | None:
-        record = self._requests.get(value >> 1)
-        return record.tenant if record else None
 
     def _new_slot(
         self,

@@ -93,31 +93,32 @@ class FingerprintIndex:
         return frozen + len(self._any) + 100 * self._hot_count
 
     def add(self, fingerprint: int, value: int, now: float) -> None:
-        hot = self._hot
-        current = hot.get(fingerprint)
-        if current is None:
-            hot[fingerprint] = value
-        elif isinstance(current, int):
-            if current == value:
-                return
-            hot[fingerprint] = [current, value]
-        else:
-            if value in current:
-                return
-            current.append(value)
-            if len(current) > self.max_values_per_key:
-                del current[0]
-                self._hot_count -= 1
-        self._hot_count += 1
-        self._hot_newest = now
-        if self._hot_count >= self.freeze_size:
-            self._freeze()
+        self.add_many((fingerprint,), value, now)
 
     def add_many(self, fingerprints: Iterable[int], value: int, now: float) -> None:
-        """``add`` of each fingerprint with the same value."""
-        add = self.add
+        """``add`` of each fingerprint with the same value (one loop: a call per
+        fingerprint was a good part of the cost)."""
+        hot, cap = self._hot, self.max_values_per_key
         for fp in fingerprints:
-            add(fp, value, now)
+            current = hot.get(fp)
+            if current is None:
+                hot[fp] = value
+            elif isinstance(current, int):
+                if current == value:
+                    continue
+                hot[fp] = [current, value]
+            else:
+                if value in current:
+                    continue
+                current.append(value)
+                if len(current) > cap:
+                    del current[0]
+                    self._hot_count -= 1
+            self._hot_count += 1
+            self._hot_newest = now
+            if self._hot_count >= self.freeze_size:
+                self._freeze()
+                hot = self._hot  # the hot generation starts afresh
 
     def lookup(self, fingerprints: Sequence[int]) -> list[tuple[int, ...]]:
         """Values for each fingerprint, in order (empty tuple when unknown)."""
