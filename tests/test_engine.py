@@ -939,3 +939,23 @@ def test_pair_filter_and_sketch_give_the_same_answers_by_numpy_and_by_python():
     together = sketch.counts(fps)
     assert together == [c for i in range(0, 200, 5) for c in sketch.counts(fps[i : i + 5])]
     assert sum(together) >= 200 and together[60] >= 2
+
+
+def test_entity_prefilters_never_skip_a_match():
+    """The cheap tests that skip a kind's pattern are implied by the pattern itself."""
+    from proxy.engine import entities
+
+    samples = [
+        "mail ana.lopez+x@corp-mail.example.org now",
+        "see https://host/path?token=abcdef123456 and ftp://u:p@h/",
+        "order ID-123456789 and 00012345678",
+        "secret AbCdEfGh1234567890IjKlMnOp_-x9 here",
+        "nothing to see, 1234567 and short Ab1",
+    ]
+    for text in samples:
+        for kind, pattern, _ in entities._PATTERNS:
+            needs = entities._NEEDS.get(kind)
+            if needs is not None and pattern.search(text):
+                assert needs(text), (kind, text)
+    kinds = {e.kind for text in samples for e in entities.extract_entities(text)}
+    assert {"email", "url_secret", "digit_id", "token"} <= kinds
