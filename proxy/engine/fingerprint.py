@@ -38,8 +38,9 @@ def _mix64_array(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-#: Below this many k-grams, Python ints beat numpy's per-call overhead.
-_SCALAR_KGRAMS = 8
+#: Up to this many k-grams, rolling them in Python ints beats numpy's per-call overhead
+#: (measured: 7.8 vs 12.3 us at 16, 11.5 vs 12.7 at 24, 14.5 vs 12.9 at 32).
+_SCALAR_KGRAMS = 24
 
 
 class Hasher:
@@ -86,6 +87,20 @@ class Hasher:
         """Fingerprints of every k-gram of a complete unit sequence, in order."""
         return self.kgrams_of_hashes(self.units(units))
 
+    def _rolling_kgrams(self, hashes: Sequence[int], n: int) -> list[int]:
+        """``kgram`` of each of the ``n`` windows, each from the one before: drop the
+        oldest unit's term, shift, add the newest (the same value as ``kgram``)."""
+        k = self.k
+        h = 0
+        for u in hashes[:k]:
+            h = (h * _PRIME + u) & _MASK
+        out = [_mix64(h)]
+        top = pow(_PRIME, k - 1, 1 << 64)  # the oldest unit's multiplier
+        for i in range(1, n):
+            h = ((h - hashes[i - 1] * top) * _PRIME + hashes[i + k - 1]) & _MASK
+            out.append(_mix64(h))
+        return out
+
     def kgrams_of_hashes(self, hashes: Sequence[int]) -> list[int]:
         """Fingerprints of every k-gram of a sequence of unit hashes, in order: ``kgram``
         of each window, computed for all windows at once when there are many."""
@@ -94,7 +109,7 @@ class Hasher:
         if n <= 0:
             return []
         if n <= _SCALAR_KGRAMS:
-            return [self.kgram(hashes[i : i + k]) for i in range(n)]
+            return self._rolling_kgrams(hashes, n)
         units = np.array(hashes, dtype=np.uint64)
         combined = np.zeros(n, dtype=np.uint64)
         prime = np.uint64(_PRIME)
