@@ -922,10 +922,13 @@ def test_pair_filter_and_sketch_give_the_same_answers_by_numpy_and_by_python():
     from proxy.engine.index import PairFilter
 
     rng = random.Random(2)
-    scalar, vector = PairFilter(bits=20), PairFilter(bits=20)
+    # Large enough that a batch's own pairs do not collide in the filter: the numpy path
+    # tests a batch before setting its bits, the Python path one pair after another.
+    scalar, vector = PairFilter(bits=24), PairFilter(bits=24)
     for step in range(200):
         fps = [
-            rng.getrandbits(64) if rng.random() < 0.5 else rng.randrange(3000) for _ in range(40)
+            rng.getrandbits(64) if rng.random() < 0.5 else rng.randrange(3000)
+            for _ in range(100)  # above _PAIR_SCALAR_BATCH: the numpy path
         ]
         tenant = rng.choice([1, 2**63 + 5, 77])
         one_by_one = [fp for fp in dict.fromkeys(fps) if scalar.add_new(tenant, fp, step)]

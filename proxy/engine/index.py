@@ -21,6 +21,9 @@ import numpy as np
 _EMPTY: tuple[int, ...] = ()
 _MASK64 = (1 << 64) - 1
 _SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call overhead
+# The pair filter's numpy path costs ~50 us whatever the size (bitwise_or.at); its
+# unrolled Python path ~1 us a fingerprint: equal at about 64 (measured).
+_PAIR_SCALAR_BATCH = 64
 _ANY_BITS = 24  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
 
 
@@ -406,7 +409,7 @@ class PairFilter:
         pair was not there yet. Many at once go through numpy, a few through ``add_new``."""
         self._rotate(now)
         distinct = list(dict.fromkeys(fingerprints))
-        if len(distinct) <= _SCALAR_BATCH:
+        if len(distinct) <= _PAIR_SCALAR_BATCH:
             return self._add_scalar(tenant_key, distinct)
         fps = np.array(distinct, dtype=np.uint64)
         positions = self._position_arrays(fps ^ np.uint64(tenant_key))
