@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Generator
 from typing import Any
 
 from mitmproxy import ctx, exceptions, http
@@ -263,9 +264,9 @@ class CrossTalk:
         flow.metadata[METADATA_KEY] = monitor
         if parsed is not None:
 
-            def observe() -> None:
+            def observe() -> Generator[None, None, None]:
                 try:
-                    monitor.scan = self.engine.observe_prompt(
+                    monitor.scan = yield from self.engine.observe_prompt_steps(
                         tenant, request_id, parsed.prompt, model_text=parsed.model_text
                     )
                 except Exception as e:  # noqa: BLE001 -- fail open
@@ -279,7 +280,7 @@ class CrossTalk:
             # not received yet): the idle queue runs in order, and synchronous scans
             # drain it first.
             monitor.pending_observe = observe
-            self.idle.push(monitor.observe_now)
+            self.idle.push(monitor.observe_steps)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +107,8 @@ class ExchangeMonitor:
     # delta). Nothing waits on a shadow verdict, and the engine's cost is mostly per
     # call: batching a few words cuts the CPU it takes from mitmproxy's event loop.
     scan_batch_chars: int = 0
-    pending_observe: Callable[[], None] | None = None  # records the prompt (sets scan)
+    # records the prompt (sets scan); a generator function when it runs in steps
+    pending_observe: Callable[[], Generator[None, None, None] | None] | None = None
     # Shadow: where the engine's work goes, ``defer(fn, *args)``, to run later in order
     # with all other deferred work (proxy/idle.py). None: at once. Parsing stays inline
     # (cheap, per event): only the engine's calls, a few per response, are deferred.
@@ -132,9 +133,17 @@ class ExchangeMonitor:
 
     def observe_now(self) -> None:
         """Record the prompt if that has not happened yet (idempotent)."""
+        steps = self.observe_steps()
+        if steps is not None:
+            for _ in steps:
+                pass
+
+    def observe_steps(self) -> Generator[None, None, None] | None:
+        """Record the prompt, in steps when ``pending_observe`` is a generator function
+        (the idle queue runs one step per turn); None when there is nothing to record."""
         observe, self.pending_observe = self.pending_observe, None
-        if observe is not None:
-            observe()
+        result = observe() if observe is not None else None
+        return result if isinstance(result, Generator) else None
 
     # -- streamed responses ----------------------------------------------------------
 

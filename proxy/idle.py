@@ -9,6 +9,10 @@ socket is ready and no other callback is waiting: forwarding goes first. An item
 has started still runs to its end (Python cannot pre-empt it), so a chunk arriving
 meanwhile waits for it; smaller items wait less.
 
+An item may be a generator function: its generator runs one step per turn and stays
+at the head of the queue until it ends, so a long item (observing a large prompt)
+lets the loop serve sockets between its steps without anything overtaking it.
+
 Order is the point: items run first in, first out, so a prompt observed before a
 response's chunks is in the engine before they are scanned. Code that must use the
 engine synchronously (enforce mode, whole bodies) calls ``drain`` first.
@@ -23,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any
 
 DEFAULT_MAX_DELAY = 0.05  # seconds an item may wait for an idle loop
@@ -46,7 +50,10 @@ class IdleQueue:
         self.max_items = max_items
         self.slice_seconds = slice_seconds
         self.on_error = on_error  # told of each item that raised (then it is dropped)
-        self._items: deque[tuple[float, Callable[..., Any], tuple[Any, ...]]] = deque()
+        # (when queued, a callable or a generator under way, the callable's arguments)
+        self._items: deque[
+            tuple[float, Callable[..., Any] | Generator[Any, None, Any], tuple[Any, ...]]
+        ] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
         #: Items run before the loop was idle (``max_delay`` / ``max_items`` reached).
@@ -64,8 +71,8 @@ class IdleQueue:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
+            self._items.append((time.monotonic(), fn, args))
             self.drain()
-            self._call(fn, args)
             return
         self._items.append((time.monotonic(), fn, args))
         if not self._scheduled or loop is not self._loop:
@@ -74,14 +81,21 @@ class IdleQueue:
             loop.call_soon(self._turn)
 
     def drain(self) -> None:
-        """Run every queued item now, in order."""
+        """Run every queued item now, in order (generators to their end)."""
         while self._items:
-            _, fn, args = self._items.popleft()
-            self._call(fn, args)
+            self._run_head()
 
-    def _call(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def _run_head(self) -> None:
+        """Run the first item, or one step of it when it is (or returned) a generator;
+        an unfinished generator goes back to the head."""
+        enqueued, item, args = self._items.popleft()
         try:
-            fn(*args)
+            steps = item if isinstance(item, Generator) else item(*args)
+            if isinstance(steps, Generator):
+                next(steps)
+                self._items.appendleft((enqueued, steps, ()))
+        except StopIteration:
+            pass
         except Exception as e:  # noqa: BLE001 -- never the loop's problem
             self.errors += 1
             if self.on_error is not None:
@@ -96,8 +110,7 @@ class IdleQueue:
             if not overdue and (now - started > self.slice_seconds or self._loop_busy()):
                 break
             self.overdue += overdue
-            _, fn, args = self._items.popleft()
-            self._call(fn, args)
+            self._run_head()
         loop = self._loop
         if self._items and loop is not None and not loop.is_closed():
             self._scheduled = True

@@ -976,3 +976,30 @@ def test_kgrams_rolling_numpy_and_one_by_one_agree():
         one_by_one = [hasher.kgram(hashes[i : i + 4]) for i in range(n)]
         assert hasher._rolling_kgrams(hashes, n) == one_by_one
         assert hasher.kgrams_of_hashes(hashes) == one_by_one  # numpy above 24
+
+
+def test_observe_in_steps_is_observe_at_once():
+    """A long prompt observed step by step (as the idle queue runs it) leaves the same
+    engine and finds the same leak as one observe_prompt call."""
+    from proxy.engine.detector import OBSERVE_STEP
+
+    words = " ".join(f"w{i} zq{i * 7} kx{i % 13}" for i in range(200))  # > OBSERVE_STEP k-grams
+    leak = " ".join(words.split()[300:330])
+    results = []
+    for stepped in (False, True):
+        engine = Engine(EngineConfig(key=b"s" * 32))
+        if stepped:
+            yields = list(engine.observe_prompt_steps("A", "a-1", words, now=100.0))
+            assert len(yields) > 2  # it did yield between pieces
+        else:
+            engine.observe_prompt("A", "a-1", words, now=100.0)
+        scan = engine.observe_prompt("B", "b-1", "tell me", now=101.0)
+        found = scan.feed(leak, 0, 102.0) + scan.finish(102.0)
+        results.append(
+            (
+                engine.fingerprints,
+                [(f.source_tenant, f.start, f.end, f.foreign_units) for f in found],
+            )
+        )
+    assert results[0] == results[1] and results[0][1]
+    assert len(words.split()) > OBSERVE_STEP

@@ -156,3 +156,42 @@ def test_on_error_hears_of_each_failing_item():
     queue.push(lambda: {}["missing"])
     queue.push(lambda: None)
     assert heard == ["KeyError"] and queue.errors == 1
+
+
+def test_a_generator_item_runs_a_step_per_turn_and_nothing_overtakes_it():
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        queue = IdleQueue()
+        order: list[str] = []
+
+        def stepped():
+            for i in range(3):
+                order.append(f"step{i}")
+                yield
+
+        queue.push(stepped)
+        queue.push(order.append, "after")
+        loop.call_soon(order.append, "loop")  # other work gets a turn between steps
+        await _until(lambda: "after" in order)
+        assert [o for o in order if o != "loop"] == ["step0", "step1", "step2", "after"]
+        assert order.index("loop") < order.index("step2")
+
+    asyncio.run(main())
+
+
+def test_drain_finishes_a_generator_under_way():
+    async def main() -> None:
+        queue = IdleQueue()
+        order: list[str] = []
+
+        def stepped():
+            order.append("a")
+            yield
+            order.append("b")
+
+        queue.push(stepped)
+        queue.push(order.append, "c")
+        queue.drain()
+        assert order == ["a", "b", "c"] and len(queue) == 0
+
+    asyncio.run(main())

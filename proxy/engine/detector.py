@@ -25,7 +25,7 @@ import hashlib
 import os
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
 
@@ -36,6 +36,19 @@ from .fingerprint import Hasher, StreamWinnower, winnow
 from .index import CommonnessSketch, FingerprintIndex, PairFilter
 from .records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
 from .tokens import StreamTokenizer, UnitBatch, unit_texts
+
+#: Fingerprints of a prompt classified per step of ``Engine.observe_prompt_steps``.
+OBSERVE_STEP = 128
+
+
+def run_steps[T](steps: Generator[None, None, T]) -> T:
+    """Run a stepped computation (``observe_prompt_steps``) to its end; its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
 
@@ -210,6 +223,25 @@ class Engine:
         this prompt can leak into a response that is already streaming. The scan's
         ``prompt`` is what was learned, in keyed form (for a journal or other replicas).
         """
+        return run_steps(
+            self.observe_prompt_steps(tenant, request_id, text, now, model_text=model_text)
+        )
+
+    def observe_prompt_steps(
+        self,
+        tenant: str,
+        request_id: str,
+        text: str,
+        now: float | None = None,
+        *,
+        model_text: str = "",
+    ) -> Generator[None, None, ResponseScan]:
+        """``observe_prompt`` in steps: a generator that yields between pieces of work
+        (reading the text; classifying each ``OBSERVE_STEP`` fingerprints; learning) and
+        returns the scan. A caller on an event loop can serve other connections at each
+        yield. Nothing but the expiry of old entries is written to the engine before the
+        last step, so calls that run in between see it as if this prompt had not come
+        yet."""
         now = time.time() if now is None else now
         hashes = self.hasher.units(unit_texts(text))
         model_hashes = self.hasher.units(unit_texts(model_text)) if model_text else []
@@ -231,14 +263,17 @@ class Engine:
             seq,
             min(self.low_water(), seq),
         )
-        scan = self._observe(record, hashes, model_hashes, texts)
+        yield
+        scan = yield from self._observe(record, hashes, model_hashes, texts)
         self._in_flight[scan.slot] = seq
         return scan
 
     def ingest_prompt(self, record: PromptRecord) -> ResponseScan:
         """``observe_prompt`` from a record: the same state as if the text had been seen
         (entities are then known by id only)."""
-        return self._observe(record, record.units.tolist(), record.model_units.tolist(), {})
+        return run_steps(
+            self._observe(record, record.units.tolist(), record.model_units.tolist(), {})
+        )
 
     def _observe(
         self,
@@ -246,13 +281,23 @@ class Engine:
         hashes: list[int],
         model_hashes: list[int],
         entity_texts: dict[str, str],
-    ) -> ResponseScan:
+    ) -> Generator[None, None, ResponseScan]:
         tenant, now = record.tenant, record.time
         self._sweep(now)
+        fps = self.hasher.kgrams_of_hashes(hashes)
+        # Classified a piece at a time (reads only; the same answers as all at once when
+        # nothing runs in between), then learned in one go.
+        is_private: list[bool] = []
+        unowned: list[int] = []
+        for i in range(0, len(fps), OBSERVE_STEP):
+            if i:
+                yield
+            flags, _, piece_unowned = self._classify(tenant, fps[i : i + OBSERVE_STEP])
+            is_private += flags
+            unowned += piece_unowned
         self.observed_requests += 1
         self.vocabulary.learn(tenant, hashes)
-        fps = self.hasher.kgrams_of_hashes(hashes)
-        is_private, _ = self._learn(tenant, fps, now)
+        self._count_use(tenant, unowned, now)
         private = [fp for fp, keep in zip(fps, is_private, strict=True) if keep]
         model_fps = set(self.hasher.kgrams_of_hashes(model_hashes))
         signature = np.unique(np.array(private, dtype=np.uint64))
@@ -277,14 +322,6 @@ class Engine:
         return ResponseScan(self, record, slot)
 
     # -- internals shared with ResponseScan -----------------------------------------
-
-    def _learn(
-        self, tenant: str, fps: list[int], now: float
-    ) -> tuple[list[bool], list[tuple[int, ...]]]:
-        """``_classify``, then ``_count_use`` at once (a prompt)."""
-        private, owners, unowned = self._classify(tenant, fps)
-        self._count_use(tenant, unowned, now)
-        return private, owners
 
     def _classify(
         self, tenant: str, fps: list[int]
