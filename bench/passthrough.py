@@ -74,6 +74,7 @@ from proxy.exchange import words_in  # noqa: E402
 from proxy.sim.faults import PAGE_KINDS  # noqa: E402
 from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
 from proxy.sim.workload import SimRequest, Workload  # noqa: E402
+from proxy.sse import SSEDecoder  # noqa: E402
 
 HOST = "127.0.0.1"
 BASELINE = "bare mitmdump"
@@ -636,14 +637,10 @@ async def leak_request(session: aiohttp.ClientSession, url: str, req: SimRequest
     """The output text of one streamed chat request, as the client received it."""
     headers = {"X-Tenant-ID": req.tenant, "X-Request-ID": req.request_id}
     body = {"model": "sim-llm-1", "messages": req.messages, "stream": True}
-    text, buf = [], b""
+    decoder, text = SSEDecoder(), []
     async with session.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
         async for chunk in resp.content.iter_any():
-            buf += chunk
-            while (end := buf.find(b"\n\n")) >= 0:
-                event, buf = buf[:end], buf[end + 2 :]
-                text += [content_of(line[5:].strip()) for line in event.split(b"\n")
-                         if line.startswith(b"data:")]  # fmt: skip
+            text += [content_of(event.data.encode()) for event in decoder.feed(chunk)]
     return "".join(text)
 
 

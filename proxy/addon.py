@@ -312,8 +312,7 @@ class CrossTalk:
         if monitor.stream:
             monitor.when_settled(lambda: self._log_exchange(flow, monitor, status))
             return
-        self.idle.drain()
-        monitor.observe_now()
+        self.idle.drain()  # the prompt's observation included
         if self.config.proxy.log_evidence_text:
             monitor.keep_text = True
         body = self._decoded_body(flow.response, monitor)
@@ -336,8 +335,7 @@ class CrossTalk:
         status = flow.response.status_code if flow.response else 502
         error = flow.error.msg if flow.error else None
 
-        def settle() -> None:
-            monitor.observe_now()
+        def settle() -> None:  # after the queue: the prompt's observation included
             monitor.close()
             self._log_exchange(flow, monitor, status, error=error)
 

@@ -131,13 +131,6 @@ class ExchangeMonitor:
         flow. mitmproxy deep-copies ``flow.metadata`` when it saves a flow (``-w``)."""
         return None
 
-    def observe_now(self) -> None:
-        """Record the prompt if that has not happened yet (idempotent)."""
-        steps = self.observe_steps()
-        if steps is not None:
-            for _ in steps:
-                pass
-
     def observe_steps(self) -> Generator[None, None, None] | None:
         """Record the prompt, in steps when ``pending_observe`` is a generator function
         (the idle queue runs one step per turn); None when there is nothing to record."""

@@ -19,7 +19,7 @@ def shadow_monitor(engine: Engine, deferred: list, findings: list) -> ExchangeMo
         m, "scan", engine.observe_prompt("B", "b-1", "what is new", now=1000.0)
     )
     m.defer = lambda fn, *args: deferred.append((fn, args))
-    deferred.append((m.observe_now, ()))  # as the addon queues it at the request
+    deferred.append((m.observe_steps, ()))  # as the addon queues it at the request
     m.start_stream(None)
     return m
 
