@@ -109,9 +109,10 @@ class ExchangeMonitor:
     scan_batch_chars: int = 0
     # records the prompt (sets scan); a generator function when it runs in steps
     pending_observe: Callable[[], Generator[None, None, None] | None] | None = None
-    # Shadow: where the engine's work goes, ``defer(fn, *args)``, to run later in order
-    # with all other deferred work (proxy/idle.py). None: at once. Parsing stays inline
-    # (cheap, per event): only the engine's calls, a few per response, are deferred.
+    # Shadow: where the work on the stream goes, ``defer(fn, *args)``, to run later in
+    # order with all other deferred work (proxy/idle.py). None: at once. Chunks are
+    # forwarded at once and parsed, observed and scanned later: nothing of the detector
+    # runs on the path of a byte to the client.
     defer: Callable[..., None] | None = None
     # Observers set by other addons (proxy/guards.py, proxy/metrics.py): every output
     # delta (choice, text), and the seconds each engine scan call took.
@@ -121,6 +122,7 @@ class ExchangeMonitor:
     _batched: dict[int, list[str]] = field(default_factory=dict)
     _batched_chars: int = 0
     _unscanned: deque[bytes] = field(default_factory=deque)
+    _queued: list[bytes] = field(default_factory=list)  # shadow chunks not yet parsed
     _cut_sent: bool = False
 
     def __post_init__(self) -> None:
@@ -166,7 +168,10 @@ class ExchangeMonitor:
         if self._gate is None:  # shadow, or enforcement that failed open
             if self._must_fail_closed():
                 return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
-            self._shadow_chunk(chunk)
+            if self.defer is None:
+                self._shadow_chunk(chunk)
+            else:
+                self._queue_chunk(chunk)
             return [chunk] if chunk else []
         if self._gate.cut_done:
             return []
@@ -186,7 +191,7 @@ class ExchangeMonitor:
         if self.defer is None:
             fn()
         else:
-            self.defer(fn)
+            self.defer(self._in_turn, fn)
 
     def _later(self, fn: Callable[..., None], *args: Any) -> None:
         """``fn(*args)`` now (its exceptions reach the caller, which fails open or
@@ -201,6 +206,28 @@ class ExchangeMonitor:
             fn(*args)
         except Exception as e:  # noqa: BLE001
             self._fail(e)
+
+    def _queue_chunk(self, chunk: bytes) -> None:
+        """Shadow with ``defer``: the chunk is parsed and scanned later, with the others
+        that arrive before the deferred work runs (one queued item for all of them)."""
+        if not self._queued:
+            self.defer(self._in_turn, self._run_queued)
+        self._queued.append(chunk)
+
+    def _run_queued(self) -> None:
+        chunks, self._queued = self._queued, []
+        for chunk in chunks:
+            self._shadow_chunk(chunk)
+
+    def _in_turn(self, fn: Callable[[], None]) -> None:
+        """Run deferred ``fn`` with the engine calls it makes done at once, in the same
+        queued item: deferred again, they would fall behind what was queued meanwhile
+        (the exchange's log, which must see the final scan)."""
+        defer, self.defer = self.defer, None
+        try:
+            fn()
+        finally:
+            self.defer = defer
 
     def _shadow_chunk(self, chunk: bytes) -> None:
         if self.detector_error is not None or self._sse is None or self._decode is None:

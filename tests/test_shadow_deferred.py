@@ -40,7 +40,8 @@ def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
     out = [piece for i in range(0, len(body), 50) for piece in m.on_chunk(body[i : i + 50])]
     out += m.on_chunk(b"")
     assert b"".join(out) == body  # forwarded untouched, before any scan
-    assert m.output_chars > 0 and m.scan is None and findings == []  # parsed, not scanned
+    assert m.output_chars == 0 and m.scan is None and findings == []  # not even parsed
+    assert len(deferred) == 2  # the prompt's observation, then one item for all chunks
     settled: list[str] = []
     m.when_settled(lambda: settled.append(m.verdict))
     run(deferred)
@@ -48,6 +49,7 @@ def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
         ("fragment", "A", "a-1")
     ]
     assert settled == ["leak"]  # ran after the scan, saw its outcome
+    assert m.output_chars == len(" ".join(PRIVATE.split())) + 1
     assert m.scan.finished and m.detector_error is None
 
 
@@ -64,3 +66,19 @@ def test_a_deferred_failure_fails_open_and_is_reported():
     run(deferred)
     assert m.detector_error is not None and "TypeError" in m.detector_error
     assert m.verdict == "clean"
+
+
+def test_an_exchange_that_errors_mid_stream_is_settled_after_its_last_scan():
+    """The error hook's settle closes the monitor: the scan that closing starts runs in
+    the same queued item, before the log reads the verdict."""
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    engine.observe_prompt("A", "a-1", PRIVATE, now=999.0).finish()
+    deferred: list = []
+    findings: list = []
+    m = shadow_monitor(engine, deferred, findings)
+    body = sse_stream(PRIVATE.split())
+    m.on_chunk(body[: body.rfind(b"data: [DONE]")])  # the upstream drops: no end of body
+    settled: list[str] = []
+    m.when_settled(lambda: (m.close(), settled.append((m.verdict, m.scan.finished))))
+    run(deferred)
+    assert settled == [("leak", True)] and m.truncated
