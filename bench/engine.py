@@ -23,8 +23,10 @@ How:
    ``gc.callbacks`` and the worst delta is reported with and without a collection in it.
 4. *Throughput.* UTF-8 bytes of the deltas / time inside ``feed`` + ``finish`` = MB/s on
    one core (the engine is single-threaded). Also reported: the same responses' text fed
-   whole (one ``feed`` per response), the best case. ``--quick`` keeps the index scale and
-   times fewer responses (~20 s).
+   whole (one ``feed`` per response), the best case; and the deltas through the
+   streaming tokenizer alone, the first step of any per-delta scan written in Python,
+   whose MB/s bounds what the whole scan can reach. ``--quick`` keeps the index scale
+   and times fewer responses (~20 s).
 
 Every figure is measured in this one run, on this machine; nothing is extrapolated.
 Seeds are fixed (``--seed``); no network. Targets: >= 10 MB/s per core, p99 <= 50 us
@@ -58,6 +60,7 @@ import numpy as np  # noqa: E402
 
 from proxy.engine import Engine, EngineConfig, Finding, ResponseScan  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
+from proxy.engine.tokens import StreamTokenizer  # noqa: E402
 
 KEY = b"bench-key-0123456789abcdef012345"
 TARGET_MBPS = 10.0
@@ -398,6 +401,24 @@ def bulk(
     return total, ns / 1e9
 
 
+def tokenizer_floor(gen: TextGen, fill_res: FillResult, n_responses: int) -> tuple[int, int]:
+    """The same kind of deltas through ``StreamTokenizer.feed`` alone, the first step
+    of any per-delta scan in Python (one regex pass, in C): (bytes, ns). Its MB/s bounds
+    what the whole scan can reach at this delta size."""
+    total, ns = 0, 0
+    tenants = sorted({p.tenant for p in fill_res.kept})
+    perf = time.perf_counter_ns
+    for _ in range(n_responses):
+        text, _, _ = make_response(gen, fill_res, gen.rng.choice(tenants))
+        tokenizer = StreamTokenizer()
+        for delta in cut_deltas(text, gen.rng):
+            a = perf()
+            tokenizer.feed(delta)
+            ns += perf() - a
+            total += len(delta.encode())
+    return total, ns
+
+
 def profile_deltas(
     engine: Engine, gen: TextGen, fill_res: FillResult, n_responses: int, t0: float
 ) -> str:
@@ -486,6 +507,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     bulk_bytes, bulk_s = bulk(engine, gen, fill_res, args.bulk_responses, t_stream + 60)
+    floor_bytes, floor_ns = tokenizer_floor(gen, fill_res, args.bulk_responses)
     profile_text = ""
     if args.profile:
         profile_text = profile_deltas(
@@ -497,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     finish_s = sum(sres.finish_ns) / 1e9
     stream_mbps = sres.bytes / (feed_s + finish_s) / 1e6
     bulk_mbps = bulk_bytes / bulk_s / 1e6
+    floor_mbps = floor_bytes / floor_ns * 1e3
     observe_mbps = fill_res.bytes / fill_res.seconds / 1e6
     clean_ns = [
         ns
@@ -534,6 +557,12 @@ def main(argv: list[str] | None = None) -> int:
             f"{bulk_mbps:.2f} MB/s",
             f"(>= {TARGET_MBPS:g} MB/s)",
             bulk_mbps >= TARGET_MBPS,
+        ),
+        (
+            "SSE deltas through the tokenizer alone (a Python scan's ceiling)",
+            f"{floor_mbps:.2f} MB/s",
+            "",
+            None,
         ),
         ("observe_prompt throughput", f"{observe_mbps:.2f} MB/s", "", None),
         ("latency per delta p50", f"{lat['p50']:.1f} us", "", None),
@@ -679,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                         "stream": stream_mbps,
                         "bulk": bulk_mbps,
                         "observe": observe_mbps,
+                        "tokenizer_alone": floor_mbps,
                     },
                     "delta_latency_us": lat,
                     "delta_max_no_gc_us": max(no_gc_ns) / 1000,

@@ -8,6 +8,7 @@ negative assertion cannot pass by accident.
 from __future__ import annotations
 
 import pickle
+import random
 import re
 from collections.abc import Iterable, Sequence
 
@@ -803,6 +804,30 @@ def test_fingerprint_index_lookup_spans_hot_and_frozen_generations():
     got = index.lookup([1000, 1005, 1019, 5])
     assert sorted(got[0]) == [0, 99]
     assert got[1] == (5,) and got[2] == (19,) and got[3] == ()
+
+
+def test_fingerprint_index_bulk_adds_and_freezes_keep_every_value():
+    """``add_many`` of many fingerprints (set operations first) and of few (the loop)
+    give the same values per key, hot or frozen, through freezes of keys with several
+    values; in one hot generation a key keeps its newest ``max_values_per_key`` values,
+    in the order they came."""
+    rng = random.Random(5)
+    bulk = FingerprintIndex(freeze_size=300, max_generations=50)
+    single = FingerprintIndex(freeze_size=300, max_generations=50)
+    capped = FingerprintIndex(freeze_size=10_000, max_values_per_key=3)
+    expected: dict[int, list[int]] = {}
+    for value in range(40):
+        fps = [rng.randrange(400) for _ in range(rng.choice([3, 40]))]
+        bulk.add_many(fps, value, now=T0)
+        capped.add_many(fps, value, now=T0)
+        for fp in dict.fromkeys(fps):
+            single.add(fp, value, now=T0)
+            expected.setdefault(fp, []).append(value)
+    assert len(bulk._generations) >= 2 and max(map(len, expected.values())) > 3
+    keys = sorted(expected)
+    assert [sorted(v) for v in bulk.lookup(keys)] == [expected[fp] for fp in keys]
+    assert [sorted(v) for v in single.lookup(keys)] == [expected[fp] for fp in keys]
+    assert capped.lookup(keys) == [tuple(expected[fp][-3:]) for fp in keys]
 
 
 def test_fingerprint_index_evicts_by_time():

@@ -335,21 +335,25 @@ class Engine:
         counts = self.sketch.counts(fps)
         threshold = self.config.common_tenants
         owners = self.index.lookup(fps)
-        requests, baseline = self._requests, self.baseline
-        private: list[bool] = []
-        unowned: list[int] = []
-        for fp, count, values in zip(fps, counts, owners, strict=True):
-            if count >= threshold:
-                private.append(False)
-                continue
-            private.append(fp not in baseline and len(values) < 64)
-            for v in values:
-                record = requests.get(v >> 1)
-                if record is not None and record.tenant == tenant:
-                    break  # this tenant owns it already
-            else:
-                unowned.append(fp)
+        common = [count >= threshold for count in counts]
+        private = [not c and len(values) < 64 for c, values in zip(common, owners, strict=True)]
+        if baseline := self.baseline:
+            private = [p and fp not in baseline for p, fp in zip(private, fps, strict=True)]
+        # Comprehensions, not one loop with appends: most fingerprints have no owner.
+        unowned = [
+            fp
+            for fp, c, values in zip(fps, common, owners, strict=True)
+            if not c and not (values and self._owned_by(tenant, values))
+        ]
         return private, owners, unowned
+
+    def _owned_by(self, tenant: str, values: tuple[int, ...]) -> bool:
+        requests = self._requests
+        for v in values:
+            record = requests.get(v >> 1)
+            if record is not None and record.tenant == tenant:
+                return True
+        return False
 
     def _count_use(self, tenant: str, fps: list[int], now: float) -> None:
         """Count ``tenant``'s use of ``fps`` in the sketch, once per tenant (pair filter)."""
@@ -957,9 +961,7 @@ class Vocabulary:
         if tenant not in self._tenants and len(self._tenants) < 1_000_000:
             self._tenants.add(tenant)
         needed = max(self._common_tenants, self._share * len(self._tenants))
-        for unit in set(units):
-            if unit in plain:
-                continue
+        for unit in set(units).difference(plain):  # C: most words are plain
             seen = users.get(unit)
             if seen is None:
                 if len(users) >= self.max_entries:

@@ -70,8 +70,10 @@ class Hasher:
 
     def units(self, texts: Iterable[str]) -> list[int]:
         """``unit`` of each text: the cache answers the common words."""
-        get = self._cache.get
-        return [h if (h := get(t)) is not None else self.unit(t) for t in texts]
+        hashes = list(map(self._cache.get, texts))
+        if None in hashes:  # a word not seen lately (the cache answers most)
+            hashes = [self.unit(t) if h is None else h for t, h in zip(texts, hashes, strict=True)]
+        return hashes
 
     def kgram(self, unit_hashes: Iterable[int]) -> int:
         h = 0
