@@ -21,6 +21,7 @@ from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
+from proxy.engine.replayer import replay
 from proxy.engine.tokens import CHAR_WEIGHT, WORD_WEIGHT, StreamTokenizer, unit_texts, units_of
 
 KEY = b"k" * 32
@@ -1028,3 +1029,31 @@ def test_observe_in_steps_is_observe_at_once():
         )
     assert results[0] == results[1] and results[0][1]
     assert len(words.split()) > OBSERVE_STEP
+
+
+def test_an_output_counts_shared_text_at_once_and_its_own_new_text_at_its_end():
+    """The commonness sketch learns an output's use of text another request holds as
+    the output streams (it may be turning common), and of text no other request holds
+    when the output ends (counting it on every delta was a third of the time per delta);
+    replaying the output's record counts the same."""
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    shared = "quarterly ledger reconciliation for the northern depot closes every friday"
+    fresh = "wobbling pelicans audit seventeen crates of violet marmalade near harbour"
+    first = engine.observe_prompt("A", "a-1", shared, now=T0)
+    first.finish()
+
+    def counts(text: str, engine: Engine = engine) -> list[int]:
+        return engine.sketch.counts(engine.hasher.kgrams(unit_texts(text)))
+
+    assert set(counts(shared)) == {1} and set(counts(fresh)) == {0}
+    scan = engine.observe_prompt("B", "b-1", "what closes on friday", now=T0 + 1)
+    for word in f"{shared} and {fresh} .".split():
+        scan.feed(word + " ", 0, T0 + 1)
+    assert set(counts(shared)) == {2}  # counted as it streamed
+    assert set(counts(fresh)) == {0}
+    scan.finish(T0 + 1)
+    assert set(counts(fresh)) == {1}
+    again = Engine(EngineConfig(key=b"k" * 32))
+    records = [first.prompt, first.record(), scan.prompt, scan.record()]
+    assert [f.finding for f in replay(again, records)] == scan.findings
+    assert counts(shared, again) == counts(shared) and counts(fresh, again) == counts(fresh)

@@ -485,6 +485,7 @@ class ResponseScan:
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
         self._foreign_entities: set[str] = set()  # ids found here that are not ours
         self._similar: dict[int, bool] = {}  # slot -> asked (nearly) the same as this one
+        self._to_count: list[int] = []  # output fingerprints to count in the sketch
         self.finished = False
 
     def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list[Finding]:
@@ -529,8 +530,14 @@ class ResponseScan:
             state.seqs.append(seq)
             found += self._finish_choice(state, choice)
         self.finished = True
+        self._count_output()
         self.engine._in_flight.pop(self.slot, None)
         return found
+
+    def _count_output(self) -> None:
+        """The output's use of text held by no other request, counted at its end."""
+        self.engine._count_use(self.tenant, self._to_count, self._now)
+        self._to_count = []
 
     def _finish_choice(self, state: _ChoiceState, choice: int) -> list[Finding]:
         """What the end of a choice teaches the engine: its words, and its entities (an
@@ -601,6 +608,8 @@ class ResponseScan:
             found += self._finish_choice(state, choice.choice)
             state.finished = True
             self.finished = all(s.finished for s in self._choices.values())
+            if self.finished:
+                self._count_output()
         return found
 
     def _state(self, choice: int) -> _ChoiceState:
@@ -654,7 +663,7 @@ class ResponseScan:
         if final and (tail := winnower.flush()):
             selected.append(tail)
         if not new:
-            self._learn_from([], [fp for _, fp in selected])
+            self._learn_from([], [], [fp for _, fp in selected])
             return []
         fps = [fp for _, fp in new]
         is_private, owners, unowned = engine._classify(self.tenant, fps)
@@ -672,15 +681,27 @@ class ResponseScan:
                 # Another tenant's text in this output is not this tenant's text: it must
                 # not make a later leak of it to the same tenant look like its own.
                 private.discard(fp)
-        self._learn_from(unowned, [fp for _, fp in selected if fp in private])
+        # Text another request already holds may be turning common: counted now. Text new
+        # to the index (most of an output) is counted at the end of the response.
+        shared = {fp for fp, values in zip(fps, owners, strict=True) if values}
+        count_now = [fp for fp in unowned if fp in shared] if shared else []
+        self._learn_from(
+            count_now, [fp for fp in unowned if fp not in shared] if count_now else unowned,
+            [fp for _, fp in selected if fp in private],
+        )  # fmt: skip
         return self._fragment_findings(state, choice, touched)
 
-    def _learn_from(self, to_count: list[int], to_index: list[int]) -> None:
-        """What the output teaches the engine: its use of text, counted in the sketch,
-        and its private fingerprints, a source for later responses. Right away, on every
-        feed: batching it saved a fifth of the average time per delta but made every
-        thirtieth delta four times slower (the per-delta p99 doubled)."""
-        self.engine._count_use(self.tenant, to_count, self._now)
+    def _learn_from(
+        self, count_now: list[int], count_later: list[int], to_index: list[int]
+    ) -> None:
+        """What the output teaches the engine: its private fingerprints, a source for
+        later and concurrent responses, right away; and its use of text, counted in the
+        sketch now or at the end of the response (``finish``, in one batch). Counting
+        every fingerprint on every feed was about a third of the time per delta; text
+        only this output holds so far cannot be common yet, so its count can wait."""
+        if count_now:
+            self.engine._count_use(self.tenant, count_now, self._now)
+        self._to_count += count_later
         self.engine.index.add_many(to_index, (self.slot << 1) | 1, self._now)
 
     def _same_question(self, slot: int) -> bool:
