@@ -631,6 +631,8 @@ class LeakStats:
     clean: int
     clean_flagged: int
     lags: list[float]  # words from a found leak's first private word to its detection
+    # target leaks missed, or logged with another source: "request id (kind, source)"
+    misses: list[str] = field(default_factory=list)
 
 
 async def leak_request(session: aiohttp.ClientSession, url: str, req: SimRequest) -> str:
@@ -692,10 +694,14 @@ def judge_leaks(
         if fault["kind"] not in PAGE_KINDS or oracle.private_run(source, leaked) < 8:
             continue
         stats.targets += 1
+        what = f"{req.request_id} ({fault['kind']} of {fault['source_request_id']}"
         if found is None:
+            stats.misses.append(f"{what}): missed")
             continue
         stats.found += 1
         stats.right_source += found["source_tenant"] == source
+        if found["source_tenant"] != source:
+            stats.misses.append(f"{what}): logged with {found['source_request_id']}")
         output = outputs[req.request_id]
         if leaked in output:
             stats.lags.append(
@@ -755,6 +761,7 @@ def leak_table(stats: LeakStats) -> str:
             f"| {fmt(percentile(lags, 50), '.1f')} / {fmt(percentile(lags, 90), '.1f')} "
             f"/ {fmt(max(lags, default=float('nan')), '.1f')} |",
             f"| detected within the {HOLDBACK_WORDS:g}-word holdback | {within} / {len(lags)} |",
+            *(f"  {miss}" for miss in stats.misses),
         ]
     )
 
