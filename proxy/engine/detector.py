@@ -493,7 +493,9 @@ class ResponseScan:
         if now is not None:
             self._now = now
         state = self._state(choice)
-        found = self._scan_batch(state, choice, state.tokenizer.feed(delta))
+        batch = state.tokenizer.feed(delta)
+        # A delta that only continues a word completes no unit: nothing to scan or learn.
+        found = self._scan_batch(state, choice, batch) if batch.texts else []
         if state.entities is not None:
             self.engine.entities.maybe_rebuild()
             matches = state.entities.feed(delta)
@@ -734,6 +736,8 @@ class ResponseScan:
     def _fragment_findings(
         self, state: _ChoiceState, choice: int, touched: set[int]
     ) -> list[Finding]:
+        if not touched:
+            return []
         threshold = round(self.engine.config.min_run_words * 2)
         found = []
         for value in touched:

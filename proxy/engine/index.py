@@ -106,7 +106,7 @@ class FingerprintIndex:
         fingerprint was a good part of the cost). A fingerprint given twice is added
         once."""
         hot, cap = self._hot, self.max_values_per_key
-        if not isinstance(fingerprints, Sequence) or len(fingerprints) >= _BULK_ADD:
+        if type(fingerprints) not in (list, tuple) or len(fingerprints) >= _BULK_ADD:
             # Most fingerprints of a prompt are new to the hot generation: set and dict
             # operations add those in C, and only the others take the loop below.
             given = set(fingerprints)
