@@ -3,12 +3,15 @@ monitor driving a real engine over OpenAI-format streams cut at every chunk size
 
 from __future__ import annotations
 
+import gc
+import time
+
 import orjson
 import pytest
 
 from proxy.config import ConfigError, load
 from proxy.engine import Engine, EngineConfig
-from proxy.exchange import Enforcement, ExchangeMonitor
+from proxy.exchange import GC_PAUSES, Enforcement, ExchangeMonitor
 from proxy.gate import StreamGate
 from proxy.sse import SSEFramer
 
@@ -132,6 +135,59 @@ def test_detector_failure_fails_open_or_closed(engine):
     m.scan.feed = lambda *a, **k: 1 / 0
     out = feed(m, data, 11)
     assert b'"detector_failed"' in out and m.verdict == "blocked" and m.blocked_calls
+
+
+def slowed(call, seconds: float, *, only_with_findings: bool = False):
+    def slow(*args, **kwargs):
+        found = call(*args, **kwargs)
+        if found or not only_with_findings:
+            time.sleep(seconds)
+        return found
+
+    return slow
+
+
+def test_a_scan_over_its_time_budget_fails_open_but_what_it_found_still_blocks(engine):
+    """A blown budget is a detector failure (``detector_error``; fail open by default),
+    but the scan did finish: a leak it found is still cut, not waved through."""
+    clean = sse_stream(["a", "perfectly", "clean", "answer", "about", "Porto"] * 3)
+    m = monitor(engine, "B", "b-slow", "weather?", budget_ms=5)
+    m.scan.feed = slowed(m.scan.feed, 0.02)
+    assert feed(m, clean, 40) == clean
+    assert "budget" in m.detector_error and m.verdict == "clean"
+
+    leak = sse_stream(["Summary:", *PRIVATE.split(), "and", "more"])
+    m = monitor(engine, "B", "b-slow-leak", "weather?", budget_ms=5, holdback_words=16)
+    m.scan.feed = slowed(m.scan.feed, 0.02, only_with_findings=True)
+    out = feed(m, leak, 10_000)
+    assert m.verdict == "blocked" and m.blocked_by.source_tenant == "A"
+    assert b"Bellwether" not in out and b'"cross_tenant_leak"' in out
+
+
+def test_garbage_collector_pauses_do_not_count_against_the_time_budget(engine):
+    """A collection of a large heap can stop the process for tens of milliseconds inside
+    any call, the engine's included: that is not a slow detector."""
+    clean = sse_stream(["a", "perfectly", "clean", "answer", "about", "Porto"] * 3)
+    m = monitor(engine, "B", "b-gc", "weather?", budget_ms=5)
+    real_feed = m.scan.feed
+
+    def feed_during_a_pause(*args, **kwargs):
+        GC_PAUSES("start", {"generation": 2})  # as gc.callbacks are called
+        time.sleep(0.02)  # the collector running
+        GC_PAUSES("stop", {"generation": 2})
+        return real_feed(*args, **kwargs)
+
+    m.scan.feed = feed_during_a_pause
+    assert feed(m, clean, 40) == clean
+    assert m.detector_error is None and m.verdict == "clean"
+
+
+def test_the_pause_clock_counts_real_collections():
+    before = GC_PAUSES.seconds
+    garbage = [[i] for i in range(200_000)]  # enough tracked objects to take a while
+    gc.collect()
+    del garbage
+    assert GC_PAUSES.seconds > before
 
 
 def test_gate_holds_at_most_n_words_in_order():
