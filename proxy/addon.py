@@ -299,6 +299,7 @@ class CrossTalk:
             monitor.keep_text = True
         if monitor.enforcement is None:
             monitor.defer = self.idle.push
+            monitor.deferred_count = lambda: self.idle.pushed
             response.stream = monitor.on_chunk
         else:
             response.stream = self._synchronous(monitor.on_chunk)

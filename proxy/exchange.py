@@ -145,7 +145,11 @@ class ExchangeMonitor:
     _batched: dict[int, list[str]] = field(default_factory=dict)
     _batched_chars: int = 0
     _unscanned: deque[bytes] = field(default_factory=deque)
-    _queued: list[bytes] = field(default_factory=list)  # shadow chunks not yet parsed
+    # Shadow with ``defer``: the batch of chunks of this exchange's last queued item, and
+    # ``deferred_count()`` when it was queued (items queued so far; None: one item a chunk)
+    deferred_count: Callable[[], int] | None = None
+    _open_batch: deque[bytes] | None = None
+    _at: int = -1
     _cut_sent: bool = False
 
     def __post_init__(self) -> None:
@@ -233,22 +237,33 @@ class ExchangeMonitor:
     def _queue_chunk(self, chunk: bytes) -> None:
         """Shadow with ``defer``: the chunk is parsed and scanned later, with the others
         that arrive before the deferred work runs (one queued item for all of them)."""
-        if not self._queued:
-            self.defer(self._in_turn, self._run_queued)
-        self._queued.append(chunk)
+        batch = self._open_batch
+        if batch is None or self.deferred_count is None or self.deferred_count() != self._at:
+            # Something else was queued after this exchange's last item (another
+            # request's prompt, say): the chunk must not run before it.
+            batch = self._open_batch = deque()
+            self.defer(self._run_queued, batch)
+            self._at = self.deferred_count() if self.deferred_count is not None else -1
+        batch.append(chunk)
 
-    def _run_queued(self) -> None:
-        chunks, self._queued = self._queued, []
-        for chunk in chunks:
-            self._shadow_chunk(chunk)
+    def _run_queued(self, batch: deque[bytes]) -> Generator[None, None, None]:
+        """Queued chunks, one per step: the idle queue runs a step per turn, so the event
+        loop is held for one chunk's parsing and scanning at a time, never for a
+        backlog. Chunks that arrive while this item is still the last one join it."""
+        while batch:
+            self._in_turn(self._shadow_chunk, batch.popleft())
+            if batch:
+                yield
+        if self._open_batch is batch:
+            self._open_batch = None
 
-    def _in_turn(self, fn: Callable[[], None]) -> None:
-        """Run deferred ``fn`` with the engine calls it makes done at once, in the same
-        queued item: deferred again, they would fall behind what was queued meanwhile
-        (the exchange's log, which must see the final scan)."""
+    def _in_turn(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run deferred ``fn(*args)`` with the engine calls it makes done at once, in
+        the same queued item: deferred again, they would fall behind what was queued
+        meanwhile (the exchange's log, which must see the final scan)."""
         defer, self.defer = self.defer, None
         try:
-            fn()
+            fn(*args)
         finally:
             self.defer = defer
 

@@ -61,6 +61,9 @@ class IdleQueue:
         #: Items whose callable raised: counted and passed to ``on_error``, never
         #: propagated to the loop.
         self.errors = 0
+        #: Items pushed so far: unchanged since an item was pushed means nothing can run
+        #: after it yet, so work added to that item keeps its place in the order.
+        self.pushed = 0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -68,6 +71,7 @@ class IdleQueue:
     def push(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` after every item pushed before it. Outside a running loop
         (tests, replay) it runs at once."""
+        self.pushed += 1
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

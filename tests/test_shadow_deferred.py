@@ -3,7 +3,9 @@ scan runs later in order, and what reads the outcome waits for it."""
 
 from __future__ import annotations
 
-from test_enforce import PRIVATE, sse_stream
+from collections.abc import Generator
+
+from test_enforce import PRIVATE, chunk_event, sse_stream
 
 from proxy.engine import Engine, EngineConfig
 from proxy.exchange import ExchangeMonitor
@@ -18,16 +20,27 @@ def shadow_monitor(engine: Engine, deferred: list, findings: list) -> ExchangeMo
     m.pending_observe = lambda: setattr(
         m, "scan", engine.observe_prompt("B", "b-1", "what is new", now=1000.0)
     )
-    m.defer = lambda fn, *args: deferred.append((fn, args))
+    pushed = [0]
+
+    def defer(fn, *args):  # as IdleQueue.push, counting the items queued
+        pushed[0] += 1
+        deferred.append((fn, args))
+
+    m.defer, m.deferred_count = defer, lambda: pushed[0]
     deferred.append((m.observe_steps, ()))  # as the addon queues it at the request
     m.start_stream(None)
     return m
 
 
 def run(deferred: list) -> None:
+    """Run the deferred items in order, a generator item to its end (as the idle queue
+    does, one step per turn, nothing overtaking it)."""
     while deferred:
         fn, args = deferred.pop(0)
-        fn(*args)
+        result = fn(*args)
+        if isinstance(result, Generator):
+            for _ in result:
+                pass
 
 
 def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
@@ -82,3 +95,46 @@ def test_an_exchange_that_errors_mid_stream_is_settled_after_its_last_scan():
     m.when_settled(lambda: (m.close(), settled.append((m.verdict, m.scan.finished))))
     run(deferred)
     assert settled == [("leak", True)] and m.truncated
+
+
+def test_queued_chunks_are_parsed_one_per_step_and_late_ones_join_the_item():
+    """The idle queue runs a step per turn: one chunk's work holds the event loop, not a
+    backlog; a chunk that arrives before the item is done is handled by it."""
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    deferred: list = []
+    m = shadow_monitor(engine, deferred, [])
+    run(deferred[:1])  # the prompt's observation
+    del deferred[0]
+    events = [chunk_event(w + " ") for w in ("alpha", "beta", "gamma")]
+    m.on_chunk(events[0])
+    m.on_chunk(events[1])
+    assert len(deferred) == 1
+    fn, args = deferred.pop()
+    steps = fn(*args)
+    next(steps)
+    assert m.output_chars == len("alpha ")
+    m.on_chunk(events[2])
+    assert deferred == []  # joins the item under way
+    assert list(steps) == [None] and m.output_chars == len("alpha beta gamma ")
+
+
+def test_a_chunk_never_overtakes_work_queued_before_it_arrived():
+    """A chunk joins its exchange's queued item only while nothing else was queued after
+    that item: a prompt that came in between is observed before the later chunk is
+    scanned (else a leak of that prompt in the chunk goes unseen, and the journal's
+    replay, which keeps the order of arrival, disagrees with what was logged live)."""
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    deferred: list = []
+    findings: list = []
+    m = shadow_monitor(engine, deferred, findings)
+    run(deferred[:1])
+    del deferred[0]
+    m.on_chunk(chunk_event("Summary: "))
+    m.defer(lambda: engine.observe_prompt("A", "a-1", PRIVATE, now=1000.5).finish())
+    for word in PRIVATE.split():
+        m.on_chunk(chunk_event(word + " "))
+    m.on_chunk(b"data: [DONE]\n\n")
+    m.on_chunk(b"")
+    assert len(deferred) == 3  # B's first chunk, A's prompt, B's later chunks
+    run(deferred)
+    assert [(f.kind, f.source_request_id) for f in findings] == [("fragment", "a-1")]
