@@ -114,7 +114,12 @@ def run_traffic(
 
 
 def entity_private(ex: Exchange, exchanges: list[Exchange]) -> bool:
-    ents = [e.text.lower() for e in extract_entities(ex.fault.leaked_text)]
+    """Whether no other tenant used the leaked entities. They are the simulator's truth,
+    not what the engine extracts: an entity the engine cannot recognise must count as a
+    missed leak, not drop out of the targets."""
+    ents = [e.lower() for e in ex.fault.entities] or [
+        e.text.lower() for e in extract_entities(ex.fault.leaked_text)
+    ]
     if not ents:
         return False
     for other in exchanges:

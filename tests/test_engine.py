@@ -319,6 +319,29 @@ def test_digit_id_inside_longer_token_is_not_matched(output, pieces):
     assert exchange(engine, "B", "b-1", PROMPT_B, output, T0 + 1, pieces=pieces) == []
 
 
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("refund to Ana Lima, ref CUS-8591332.", ["CUS-8591332"]),  # a customer's id
+        ("account acc1234567 is overdue", ["acc1234567"]),
+        ("Ticket 48213377 is blocked", ["48213377"]),
+        ("we shipped 1234567 units", []),  # seven digits alone: a count
+        ("see A-1234567 and ISO-27001", []),  # one letter; five digits
+    ],
+)
+def test_digit_ids_are_long_numbers_or_prefixed_seven_digit_ones(text, expected):
+    assert [e.text for e in extract_entities(text) if e.kind == "digit_id"] == expected
+
+
+def test_a_foreign_customer_id_is_a_finding():
+    engine = make_engine()
+    leak_from_a(engine, prompt_a="Please refund Ana Lima, customer id CUS-8591332, this week.")
+    found = exchange(
+        engine, "B", "b-1", PROMPT_B, "Noted: the record for CUS-8591332 is done.", T0 + 1
+    )
+    assert kinds(found) == [ENTITY] and found[0].source_tenant == "A"
+
+
 def test_digit_id_standalone_split_across_deltas_is_matched():
     engine = make_engine()
     leak_from_a(engine, prompt_a="Ticket 48213377 is blocked on the Halvorsen side.")
@@ -1057,3 +1080,21 @@ def test_an_output_counts_shared_text_at_once_and_its_own_new_text_at_its_end():
     records = [first.prompt, first.record(), scan.prompt, scan.record()]
     assert [f.finding for f in replay(again, records)] == scan.findings
     assert counts(shared, again) == counts(shared) and counts(fresh, again) == counts(fresh)
+
+
+def test_text_two_outputs_write_at_once_counts_both_tenants_when_it_is_shared():
+    """An output counts its new text at its end; when another tenant's output meets that
+    text while the first is still streaming, both uses are counted then, so text many
+    outputs write together turns common as fast as when every delta counted."""
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    phrase = "the simplest approach is to validate each change and review the results"
+    fps = engine.hasher.kgrams(unit_texts(phrase))
+    first = engine.observe_prompt("A", "a-1", "how do I roll this out", now=T0)
+    second = engine.observe_prompt("B", "b-1", "any rollout advice", now=T0)
+    first.feed(phrase + " .", 0, T0)
+    assert set(engine.sketch.counts(fps)) == {0}
+    second.feed(phrase + " .", 0, T0)
+    assert set(engine.sketch.counts(fps)) == {2}
+    first.finish(T0)
+    second.finish(T0)
+    assert set(engine.sketch.counts(fps)) == {2}  # each tenant counted once

@@ -683,15 +683,33 @@ class ResponseScan:
                 # Another tenant's text in this output is not this tenant's text: it must
                 # not make a later leak of it to the same tenant look like its own.
                 private.discard(fp)
-        # Text another request already holds may be turning common: counted now. Text new
-        # to the index (most of an output) is counted at the end of the response.
-        shared = {fp for fp, values in zip(fps, owners, strict=True) if values}
+        # Text another request already holds may be turning common: counted now, for this
+        # tenant and for the holders. Text new to the index (most of an output) is
+        # counted at the end of the response.
+        shared = {fp: values for fp, values in zip(fps, owners, strict=True) if values}
         count_now = [fp for fp in unowned if fp in shared] if shared else []
+        if count_now:
+            self._count_holders(count_now, shared)
         self._learn_from(
             count_now, [fp for fp in unowned if fp not in shared] if count_now else unowned,
             [fp for _, fp in selected if fp in private],
         )  # fmt: skip
         return self._fragment_findings(state, choice, touched)
+
+    def _count_holders(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
+        """The other tenants that hold ``fps`` used them: counted now. A holder still
+        streaming counts its new text only at its end, and text several outputs are
+        writing at once must not wait for that to turn common. Counting a use twice is
+        harmless: the pair filter counts each tenant once."""
+        requests = self.engine._requests
+        by_tenant: dict[str, list[int]] = {}
+        for fp in fps:
+            for value in holders[fp]:
+                record = requests.get(value >> 1)
+                if record is not None and record.tenant != self.tenant:
+                    by_tenant.setdefault(record.tenant, []).append(fp)
+        for tenant, used in by_tenant.items():
+            self.engine._count_use(tenant, used, self._now)
 
     def _learn_from(
         self, count_now: list[int], count_later: list[int], to_index: list[int]

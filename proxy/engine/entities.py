@@ -107,7 +107,9 @@ _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
         ),
         lambda s: 8 <= len(_digits(s)) <= 15,
     ),
-    ("digit_id", re.compile(r"\b[A-Z]{0,4}-?\d{8,}\b", re.I | re.A), _any),
+    # Long numbers, and shorter ones that a prefix marks as an account's or a customer's
+    # (CUS-8591332, ACC1234567): seven digits alone are amounts and counts too often.
+    ("digit_id", re.compile(r"\b(?:[A-Z]{2,4}-?\d{7,}|[A-Z]{0,4}-?\d{8,})\b", re.I | re.A), _any),
     (
         "token",  # generic secrets: long mixed-case alphanumerics with digits
         re.compile(
@@ -123,7 +125,7 @@ _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
 _NEEDS: dict[str, Callable[[str], object]] = {
     "email": lambda text: "@" in text,
     "url_secret": lambda text: "://" in text,
-    "digit_id": re.compile(r"\d{8}", re.A).search,
+    "digit_id": re.compile(r"\d{7}", re.A).search,
     "token": re.compile(r"[A-Za-z0-9_-]{24}").search,
 }
 
