@@ -43,12 +43,18 @@ def run(deferred: list) -> None:
                 pass
 
 
-def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
+def b_after_a_private_prompt() -> tuple[list, list, ExchangeMonitor]:
+    """Tenant B's shadow monitor on an engine that holds tenant A's private prompt:
+    (its deferred items, its findings, the monitor)."""
     engine = Engine(EngineConfig(key=b"k" * 32))
     engine.observe_prompt("A", "a-1", PRIVATE, now=999.0).finish()
     deferred: list = []
     findings: list = []
-    m = shadow_monitor(engine, deferred, findings)
+    return deferred, findings, shadow_monitor(engine, deferred, findings)
+
+
+def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
+    deferred, findings, m = b_after_a_private_prompt()
     body = sse_stream(PRIVATE.split())
     out = [piece for i in range(0, len(body), 50) for piece in m.on_chunk(body[i : i + 50])]
     out += m.on_chunk(b"")
@@ -84,11 +90,7 @@ def test_a_deferred_failure_fails_open_and_is_reported():
 def test_an_exchange_that_errors_mid_stream_is_settled_after_its_last_scan():
     """The error hook's settle closes the monitor: the scan that closing starts runs in
     the same queued item, before the log reads the verdict."""
-    engine = Engine(EngineConfig(key=b"k" * 32))
-    engine.observe_prompt("A", "a-1", PRIVATE, now=999.0).finish()
-    deferred: list = []
-    findings: list = []
-    m = shadow_monitor(engine, deferred, findings)
+    deferred, findings, m = b_after_a_private_prompt()
     body = sse_stream(PRIVATE.split())
     m.on_chunk(body[: body.rfind(b"data: [DONE]")])  # the upstream drops: no end of body
     settled: list[str] = []
