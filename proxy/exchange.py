@@ -149,7 +149,7 @@ class ExchangeMonitor:
     # ``deferred_count()`` when it was queued (items queued so far; None: one item a chunk)
     deferred_count: Callable[[], int] | None = None
     _open_batch: deque[bytes] | None = None
-    _at: int = -1
+    _queued_at: int = -1
     _cut_sent: bool = False
 
     def __post_init__(self) -> None:
@@ -235,15 +235,17 @@ class ExchangeMonitor:
             self._fail(e)
 
     def _queue_chunk(self, chunk: bytes) -> None:
-        """Shadow with ``defer``: the chunk is parsed and scanned later, with the others
-        that arrive before the deferred work runs (one queued item for all of them)."""
+        """Shadow with ``defer``: the chunk is parsed and scanned later, in this
+        exchange's last queued item if nothing was queued after that item, else in a
+        new one: work never runs ahead of what was queued before it arrived."""
         batch = self._open_batch
-        if batch is None or self.deferred_count is None or self.deferred_count() != self._at:
+        count = self.deferred_count
+        if batch is None or count is None or count() != self._queued_at:
             # Something else was queued after this exchange's last item (another
             # request's prompt, say): the chunk must not run before it.
             batch = self._open_batch = deque()
             self.defer(self._run_queued, batch)
-            self._at = self.deferred_count() if self.deferred_count is not None else -1
+            self._queued_at = count() if count is not None else -1
         batch.append(chunk)
 
     def _run_queued(self, batch: deque[bytes]) -> Generator[None, None, None]:
