@@ -665,7 +665,7 @@ class ResponseScan:
         if final and (tail := winnower.flush()):
             selected.append(tail)
         if not new:
-            self._learn_from([], [], [fp for _, fp in selected])
+            self._learn_from([], {}, [fp for _, fp in selected])
             return []
         fps = [fp for _, fp in new]
         is_private, owners, unowned = engine._classify(self.tenant, fps)
@@ -683,17 +683,8 @@ class ResponseScan:
                 # Another tenant's text in this output is not this tenant's text: it must
                 # not make a later leak of it to the same tenant look like its own.
                 private.discard(fp)
-        # Text another request already holds may be turning common: counted now, for this
-        # tenant and for the holders. Text new to the index (most of an output) is
-        # counted at the end of the response.
-        shared = {fp: values for fp, values in zip(fps, owners, strict=True) if values}
-        count_now = [fp for fp in unowned if fp in shared] if shared else []
-        if count_now:
-            self._count_holders(count_now, shared)
-        self._learn_from(
-            count_now, [fp for fp in unowned if fp not in shared] if count_now else unowned,
-            [fp for _, fp in selected if fp in private],
-        )  # fmt: skip
+        holders = {fp: values for fp, values in zip(fps, owners, strict=True) if values}
+        self._learn_from(unowned, holders, [fp for _, fp in selected if fp in private])
         return self._fragment_findings(state, choice, touched)
 
     def _count_holders(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
@@ -712,16 +703,22 @@ class ResponseScan:
             self.engine._count_use(tenant, used, self._now)
 
     def _learn_from(
-        self, count_now: list[int], count_later: list[int], to_index: list[int]
+        self, unowned: list[int], holders: dict[int, tuple[int, ...]], to_index: list[int]
     ) -> None:
-        """What the output teaches the engine: its private fingerprints, a source for
-        later and concurrent responses, right away; and its use of text, counted in the
-        sketch now or at the end of the response (``finish``, in one batch). Counting
-        every fingerprint on every feed was about a third of the time per delta; text
-        only this output holds so far cannot be common yet, so its count can wait."""
+        """What the output teaches the engine: its private fingerprints (``to_index``), a
+        source for later and concurrent responses, right away; and its use of text
+        (``unowned``) in the commonness sketch. Text another request holds (``holders``)
+        may be turning common: counted now, for this tenant and the holders. Text only
+        this output holds so far cannot be common yet: counted at the end of the
+        response (``finish``), in one batch. Counting every fingerprint on every feed
+        was about a third of the time per delta."""
+        count_now = [fp for fp in unowned if fp in holders] if holders else []
         if count_now:
+            self._count_holders(count_now, holders)
             self.engine._count_use(self.tenant, count_now, self._now)
-        self._to_count += count_later
+            self._to_count += [fp for fp in unowned if fp not in holders]
+        else:
+            self._to_count += unowned
         self.engine.index.add_many(to_index, (self.slot << 1) | 1, self._now)
 
     def _same_question(self, slot: int) -> bool:
