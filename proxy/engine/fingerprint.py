@@ -68,7 +68,7 @@ class Hasher:
             h = self._cache[text] = int.from_bytes(digest, "little")
         return h
 
-    def units(self, texts: Iterable[str]) -> list[int]:
+    def units(self, texts: Sequence[str]) -> list[int]:
         """``unit`` of each text: the cache answers the common words."""
         hashes = list(map(self._cache.get, texts))
         if None in hashes:  # a word not seen lately (the cache answers most)

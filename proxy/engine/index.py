@@ -25,8 +25,8 @@ _SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call ove
 # The pair filter's numpy path costs ~50 us whatever the size (bitwise_or.at); its
 # unrolled Python path ~1 us a fingerprint: equal at about 64 (measured).
 _PAIR_SCALAR_BATCH = 64
-_ANY_BITS = 24
-_BULK_ADD = 16  # from this many fingerprints, add_many starts with set operations  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
+_ANY_BITS = 24  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
+_BULK_ADD = 16  # from this many fingerprints, add_many starts with set operations
 
 
 @dataclass(slots=True)
