@@ -238,6 +238,7 @@ class CrossTalk:
                 return
             tenant = "anonymous"
         policy = self.config.policy_for(tenant, flow.request.path)
+        learning = self.engine.observed_requests < policy.learn_requests
         enforcement = None
         if policy.mode == "enforce":
             enforcement = Enforcement(
@@ -245,7 +246,7 @@ class CrossTalk:
                 min_foreign_words=policy.min_foreign_words,
                 fail_closed=policy.fail_closed,
                 budget_ms=policy.budget_ms,
-                learning=self.engine.observed_requests < policy.learn_requests,
+                learning=learning,
             )
             # The gate cuts the stream into whole events: it needs plaintext bytes.
             flow.request.headers["accept-encoding"] = "identity"
@@ -260,6 +261,7 @@ class CrossTalk:
             model=parsed.model if parsed else None,
             prompt_chars=len(parsed.prompt) if parsed else 0,
             scan_batch_chars=self.config.policy.shadow_batch_chars,
+            learning=learning,
         )
         flow.metadata[METADATA_KEY] = monitor
         if parsed is not None:

@@ -126,6 +126,10 @@ class ExchangeMonitor:
     _framer: SSEFramer | None = None
     _gate: StreamGate | None = None
     keep_text: bool = False  # keep the output text (log_evidence_text)
+    # The engine was still in its learning period when the exchange began: its findings
+    # say so (``learning: true``), in shadow mode too, so that the cold start's false
+    # alarms can be told apart; enforce mode also holds back its fragment blocks.
+    learning: bool = False
     # Shadow: feed the engine this many characters of output at a time (0: every
     # delta). Nothing waits on a shadow verdict, and the engine's cost is mostly per
     # call: batching a few words cuts the CPU it takes from mitmproxy's event loop.
@@ -457,7 +461,7 @@ class ExchangeMonitor:
         """The fields of a ``leak.detected`` event for ``finding`` (``leak_event_fields``);
         the leaked text only with ``evidence_text``."""
         fields = leak_event_fields(self.request_id, self.tenant, finding, self.action_for(finding))
-        if self.enforcement is not None and self.enforcement.learning:
+        if self.learning or (self.enforcement is not None and self.enforcement.learning):
             fields["learning"] = True
         if evidence_text:
             fields["evidence_text"] = self.text_of(finding)

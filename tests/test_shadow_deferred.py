@@ -140,3 +140,16 @@ def test_a_chunk_never_overtakes_work_queued_before_it_arrived():
     assert len(deferred) == 3  # B's first chunk, A's prompt, B's later chunks
     run(deferred)
     assert [(f.kind, f.source_request_id) for f in findings] == [("fragment", "a-1")]
+
+
+def test_findings_made_while_the_engine_learns_say_so_in_shadow_mode_too():
+    """Shadow mode blocks nothing, but a fresh engine's false alarms (its cold start)
+    must be tellable from the rest: the leak.detected fields carry learning: true."""
+    for learning in (True, False):
+        deferred, findings, m = b_after_a_private_prompt()
+        m.learning = learning
+        for piece in (sse_stream(PRIVATE.split()), b""):
+            m.on_chunk(piece)
+        run(deferred)
+        fields = m.leak_fields(findings[0])
+        assert fields["action"] == "logged" and fields.get("learning", False) is learning
