@@ -246,7 +246,6 @@ class CrossTalk:
                 min_foreign_words=policy.min_foreign_words,
                 fail_closed=policy.fail_closed,
                 budget_ms=policy.budget_ms,
-                learning=learning,
             )
             # The gate cuts the stream into whole events: it needs plaintext bytes.
             flow.request.headers["accept-encoding"] = "identity"

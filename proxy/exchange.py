@@ -69,9 +69,6 @@ class Enforcement:
     min_foreign_words: float = 0.0  # findings below this are logged, not blocked
     fail_closed: bool = False
     budget_ms: float = 50.0  # one scan call slower than this counts as a detector failure
-    # The engine has not learned enough yet: fragment findings are logged, not blocked
-    # (entities and canaries still block).
-    learning: bool = False
 
 
 def leak_event_fields(
@@ -127,8 +124,9 @@ class ExchangeMonitor:
     _gate: StreamGate | None = None
     keep_text: bool = False  # keep the output text (log_evidence_text)
     # The engine was still in its learning period when the exchange began: its findings
-    # say so (``learning: true``), in shadow mode too, so that the cold start's false
-    # alarms can be told apart; enforce mode also holds back its fragment blocks.
+    # say so (``learning: true``), so that the cold start's false alarms can be told
+    # apart, and enforce mode logs its fragment findings instead of blocking them
+    # (entities and canaries still block).
     learning: bool = False
     # Shadow: feed the engine this many characters of output at a time (0: every
     # delta). Nothing waits on a shadow verdict, and the engine's cost is mostly per
@@ -437,7 +435,7 @@ class ExchangeMonitor:
         if self.enforcement is not None and self.blocked_by is None:
             for finding in findings:
                 if finding.kind != "fragment" or (
-                    not self.enforcement.learning
+                    not self.learning
                     and finding.foreign_units >= self.enforcement.min_foreign_words
                 ):
                     self.blocked_by = finding
@@ -461,7 +459,7 @@ class ExchangeMonitor:
         """The fields of a ``leak.detected`` event for ``finding`` (``leak_event_fields``);
         the leaked text only with ``evidence_text``."""
         fields = leak_event_fields(self.request_id, self.tenant, finding, self.action_for(finding))
-        if self.learning or (self.enforcement is not None and self.enforcement.learning):
+        if self.learning:
             fields["learning"] = True
         if evidence_text:
             fields["evidence_text"] = self.text_of(finding)

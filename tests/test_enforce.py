@@ -35,13 +35,16 @@ def sse_stream(words: list[str]) -> bytes:
     return b"".join(chunk_event(w + " ") for w in words) + b"data: [DONE]\n\n"
 
 
-def monitor(engine: Engine, tenant: str, rid: str, prompt: str, **enforcement) -> ExchangeMonitor:
+def monitor(
+    engine: Engine, tenant: str, rid: str, prompt: str, *, learning: bool = False, **enforcement
+) -> ExchangeMonitor:
     blocked: list[str] = []
     m = ExchangeMonitor(
         route="chat", tenant=tenant, request_id=rid,
         scan=engine.observe_prompt(tenant, rid, prompt, now=1000.0),
         on_findings=lambda *_: None,
         enforcement=Enforcement(**enforcement),
+        learning=learning,
         on_block=lambda mon: blocked.append(mon.request_id),
     )  # fmt: skip
     m.start_stream(None)
