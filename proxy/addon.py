@@ -14,6 +14,10 @@ prompt is observed before it goes upstream. Every response is scanned as it stre
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import secrets
+import sys
 import time
 from collections.abc import Generator
 from typing import Any
@@ -22,6 +26,7 @@ from mitmproxy import ctx, exceptions, http
 
 from . import config as configuration
 from . import mitm_errors
+from .detector_process import DetectorProcess, FlowMirror
 from .engine import Engine, Finding
 from .engine.records import Record
 from .eventlog import make_logger
@@ -30,10 +35,11 @@ from .idle import IdleQueue
 from .index_redis import SharedIndex, open_index
 from .journal import JournalError, JournalWriter
 from .journal import load_window as journal_load_window
-from .protocols import ProtocolError, Route, route_for
+from .protocols import ParsedRequest, ProtocolError, Route, route_for
 from .tenants import TenantRules, request_id_of, resolve_tenant
 
 METADATA_KEY = "crosstalk"
+READY_TIMEOUT = 120.0  # seconds a detector process may take to load its state
 OPTIONS: dict[str, tuple[type, Any, str]] = {
     "crosstalk_config": (str, "", "Path of the crosstalk TOML configuration."),
     "crosstalk_mode": (str, "", "shadow or enforce; overrides the config file."),
@@ -59,11 +65,23 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
 
 
 class CrossTalk:
-    """Detects cross-tenant leaks in LLM responses passing through mitmproxy."""
+    """Detects cross-tenant leaks in LLM responses passing through mitmproxy.
 
-    def __init__(self) -> None:
+    Where the detection runs follows ``policy.shadow_detector``: on this event loop, or
+    in a detector process (proxy/detector_process.py) to which this addon copies each
+    exchange while it forwards it. ``inline=True`` is that process's own instance: it
+    detects here, synchronously, and takes the proxy's fingerprint ``key`` (hex).
+    """
+
+    def __init__(self, *, inline: bool = False, key: str = "") -> None:
         self.config = configuration.Config()
         self.engine: Engine | None = None
+        self.inline = inline
+        self._key = key
+        self.detector: DetectorProcess | None = None
+        self.mirror: FlowMirror | None = None
+        self.detector_wanted = False  # detection in a process (policy.shadow_detector)
+        self._starting: asyncio.Task | None = None  # a restart after reconfiguration
         self.log: Any = None
         self.rules = TenantRules()
         self.counters: dict[str, int] = {
@@ -95,7 +113,7 @@ class CrossTalk:
             ctx.options.update(connection_strategy="lazy")
             return
         (mitm_errors.install if ctx.options.crosstalk_json_errors else mitm_errors.uninstall)()
-        if self.engine is not None and not updated & set(OPTIONS):
+        if self.log is not None and not updated & set(OPTIONS):
             return
         try:
             cfg = configuration.load(
@@ -108,28 +126,95 @@ class CrossTalk:
             )
         except configuration.ConfigError as e:
             raise exceptions.OptionsError(f"crosstalk: {e}") from e
+        # One key for this process and a detector process: both name tenants alike.
+        key = self._key or cfg.detection.key or secrets.token_hex(32)
+        cfg = dataclasses.replace(cfg, detection=dataclasses.replace(cfg.detection, key=key))
         self.config = cfg
+        self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
+        self.rules = configuration.tenant_rules(cfg, bytes.fromhex(key))
+        self._stop_detector()
+        self.detector_wanted = cfg.detector_process() and not self.inline
+        if self.detector_wanted:
+            self._close_state()
+            if self._running:  # else once every option is set (``running``)
+                self._starting = asyncio.get_running_loop().create_task(self._start_detector())
+            return
         engine_config = cfg.engine_config()
         self.engine = configuration.build_engine(cfg)
-        self.rules = configuration.tenant_rules(cfg, self.engine.hasher.key)
-        self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
         self._load_state()
         self._open_journal()
         self._open_index()
         self.log.info(
             "crosstalk.configured",
             mode=cfg.proxy.mode,
+            detector="inline",
             key_id=self.engine.hasher.key_id,
             k=engine_config.k,
             window_seconds=engine_config.window_seconds,
         )
 
-    def running(self) -> None:
+    async def _start_detector(self) -> None:
+        """Detection in a child process: this one only copies exchanges to it. Waits
+        for the child to be configured (its state, journal window or shared index
+        loaded); if it cannot be, says why and stops the proxy, as inline mode would."""
+        options = {n: o.current() for n, o in ctx.options.items() if n.startswith("crosstalk_")}
+        hello = {"key": self.config.detection.key, "options": options}
+        self.detector = DetectorProcess(
+            hello, nice=self.config.policy.shadow_detector_nice, on_event=self._detector_event
+        )
+        self.detector.start()
+        self.mirror = FlowMirror(self.detector)
+        self.log.info(
+            "crosstalk.configured",
+            mode=self.config.proxy.mode,
+            detector="process",
+            pid=self.detector.proc.pid,
+            nice=self.detector.nice,
+        )
+        failure = await self.detector.ready(READY_TIMEOUT)
+        if failure is not None:
+            self.log.error("detector.failed", reason=failure)
+            print(f"crosstalk: the detector process failed: {failure}", file=sys.stderr)
+            ctx.master.shutdown()
+
+    def _detector_event(self, event: str, detail: Any) -> None:
+        if event == "exited":
+            self.log.error(
+                "detector.error",
+                reason=f"detector process {detail}: exchanges pass unscanned from now on",
+                action="failed_open",
+            )
+        elif event == "lagging":
+            self.log.warning(
+                "detector.lagging",
+                backlog_bytes=detail,
+                detail="new exchanges pass unscanned until the detector catches up",
+            )
+        else:
+            self.log.info("detector.caught_up", backlog_bytes=detail, skipped=self.detector.skipped)
+
+    def _stop_detector(self) -> None:
+        if self.detector is not None:
+            self.detector.close()
+        self.detector = self.mirror = None
+
+    def _close_state(self) -> None:
+        """No engine here (a detector process has it): nothing to keep open."""
+        self._save_state()
+        for resource in (self.index, self.journal):
+            if resource is not None:
+                resource.close()
+        self.engine = self.index = self.journal = None
+
+    async def running(self) -> None:
         self._running = True
+        if self.detector_wanted and self.detector is None:
+            await self._start_detector()
         if self.index is not None:
             self.index.start()
 
     def done(self) -> None:
+        self._stop_detector()
         self.idle.drain()
         self._save_state()
         if self.index is not None:
@@ -224,21 +309,21 @@ class CrossTalk:
             return
         request_id = request_id_of(flow.request.headers)
         flow.request.headers["x-request-id"] = request_id
-        try:
-            parsed = route.parse_request(flow.request.get_content(strict=False) or b"")
-        except ProtocolError as e:
-            self.log.warning(
-                "request.unparsed", request_id=request_id, path=flow.request.path, reason=str(e)
-            )
-            parsed = None
+        # With a detector process, this one reads the body only for a tenant named
+        # nowhere else (its ``user`` field): the detector parses its copy anyway.
+        parsed = None if self.mirror is not None else self._parse(flow, route, request_id)
         tenant = resolve_tenant(self.rules, flow.request.headers, parsed.user if parsed else None)
+        if tenant is None and self.mirror is not None:
+            with contextlib.suppress(ProtocolError):  # the detector logs request.unparsed
+                parsed = route.parse_request(flow.request.get_content(strict=False) or b"")
+            tenant = resolve_tenant(self.rules, flow.request.headers, parsed and parsed.user)
         if tenant is None:
             if self.config.tenants.unknown == "reject":
                 self._reject_unknown_tenant(flow, request_id, route)
                 return
             tenant = "anonymous"
         policy = self.config.policy_for(tenant, flow.request.path)
-        learning = self.engine.observed_requests < policy.learn_requests
+        learning = self.engine is not None and self.engine.observed_requests < policy.learn_requests
         enforcement = None
         if policy.mode == "enforce":
             enforcement = Enforcement(
@@ -263,6 +348,9 @@ class CrossTalk:
             learning=learning,
         )
         flow.metadata[METADATA_KEY] = monitor
+        if self.mirror is not None:
+            self.mirror.request(flow)
+            return
         if parsed is not None:
 
             def observe() -> Generator[None, None, None]:
@@ -283,12 +371,24 @@ class CrossTalk:
             monitor.pending_observe = observe
             self.idle.push(monitor.observe_steps)
 
+    def _parse(self, flow: http.HTTPFlow, route: Route, request_id: str) -> ParsedRequest | None:
+        try:
+            return route.parse_request(flow.request.get_content(strict=False) or b"")
+        except ProtocolError as e:
+            self.log.warning(
+                "request.unparsed", request_id=request_id, path=flow.request.path, reason=str(e)
+            )
+            return None
+
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         response = flow.response
         is_sse = "text/event-stream" in response.headers.get("content-type", "")
         if monitor is not None:
             response.headers["x-request-id"] = monitor.request_id
+            if self.mirror is not None:
+                self.mirror.responseheaders(flow, is_sse)
+                return
         if not is_sse:
             return  # buffered: scanned whole in ``response``
         if monitor is None:
@@ -298,18 +398,22 @@ class CrossTalk:
 
         if self.config.proxy.log_evidence_text:
             monitor.keep_text = True
-        if monitor.enforcement is None:
+        if monitor.enforcement is None and not self.inline:
             monitor.defer = self.idle.push
             monitor.deferred_count = lambda: self.idle.pushed
             response.stream = monitor.on_chunk
         else:
             response.stream = self._synchronous(monitor.on_chunk)
 
-    def response(self, flow: http.HTTPFlow) -> None:
+    async def response(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
-        monitor.ended = time.monotonic()
+        if self.mirror is not None:
+            if (verdict := await self.mirror.response(flow)) is not None:
+                flow.response.headers["x-crosstalk-verdict"] = verdict
+            return
+        monitor.ended = monitor.ended or time.monotonic()
         status = flow.response.status_code
         if monitor.stream:
             monitor.when_settled(lambda: self._log_exchange(flow, monitor, status))
@@ -333,7 +437,10 @@ class CrossTalk:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
-        monitor.ended = time.monotonic()
+        if self.mirror is not None:
+            self.mirror.error(flow)
+            return
+        monitor.ended = monitor.ended or time.monotonic()
         status = flow.response.status_code if flow.response else 502
         error = flow.error.msg if flow.error else None
 

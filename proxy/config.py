@@ -17,6 +17,7 @@ from .journal import JournalSettings
 from .tenants import SOURCES, TenantRules
 
 MODES = ("shadow", "enforce")
+SHADOW_DETECTORS = ("auto", "inline", "process")
 UNKNOWN_TENANT = ("anonymous", "reject")
 _ENGINE = EngineConfig()
 
@@ -93,6 +94,12 @@ class PolicySection:
     # Shadow mode feeds the detector this many characters of output at a time (0: every
     # SSE delta): findings come a few words later, for a fraction of the CPU.
     shadow_batch_chars: int = 64
+    # Where shadow-mode detection runs: "process" (a child process at lower CPU priority
+    # fed a copy of the traffic: the proxy's event loop only forwards), "inline" (on the
+    # proxy's event loop, when it is idle), "auto" (process unless a policy enforces:
+    # enforce mode needs the engine on the event loop, and one engine sees all traffic).
+    shadow_detector: str = "auto"
+    shadow_detector_nice: int = 10  # added niceness of the detector process (0-19)
     # Overrides by tenant ([policy.tenants.NAME]) and by path prefix
     # ([policy.routes."/v1/completions"]): mode, min_foreign_words, holdback_words.
     tenants: dict[str, dict] = field(default_factory=dict)
@@ -211,6 +218,16 @@ class Config:
             inject_canary=merged.get("inject_canary", self.prevention.inject_canary),
         )
 
+    def enforces(self) -> bool:
+        """Whether any exchange may be enforced (the global mode or any override)."""
+        overrides = [*self.policy.tenants.values(), *self.policy.routes.values()]
+        return self.proxy.mode == "enforce" or any(o.get("mode") == "enforce" for o in overrides)
+
+    def detector_process(self) -> bool:
+        """Whether detection runs in a separate process (``policy.shadow_detector``)."""
+        choice = self.policy.shadow_detector
+        return choice == "process" or (choice == "auto" and not self.enforces())
+
     def engine_config(self) -> EngineConfig:
         d = self.detection
         try:
@@ -278,6 +295,11 @@ def validate(config: Config) -> Config:
     _validate_index(config.index, d.key)
     _validate_prevention(config)
     _validate_metrics(config.metrics, config.degenerate)
+    if config.policy.shadow_detector == "process" and config.enforces():
+        raise ConfigError(
+            'policy.shadow_detector = "process" cannot serve enforce mode (its cut needs '
+            'the engine on the event loop): use "auto" or "inline"'
+        )
     return config
 
 
@@ -347,6 +369,10 @@ def journal_settings(config: Config) -> JournalSettings | None:
 def _validate_policy(policy: PolicySection) -> None:
     if policy.shadow_batch_chars < 0:
         raise ConfigError("policy.shadow_batch_chars must be >= 0")
+    if policy.shadow_detector not in SHADOW_DETECTORS:
+        raise ConfigError(f"policy.shadow_detector must be one of {SHADOW_DETECTORS}")
+    if not 0 <= policy.shadow_detector_nice <= 19:
+        raise ConfigError("policy.shadow_detector_nice must be 0..19")
     if policy.fail not in ("open", "closed"):
         raise ConfigError(f"policy.fail must be open or closed, not {policy.fail!r}")
     if policy.holdback_words < 0 or policy.detector_budget_ms <= 0:

@@ -42,6 +42,12 @@ def _route_parts(route: Any) -> tuple[str, str]:
     return getattr(route, "api", "openai"), getattr(route, "kind", route)
 
 
+def _copied(crosstalk: Any) -> bool:
+    """Whether a detector process runs the addons on a copy of each exchange: it then
+    reports their events and counts, and this process must not do so a second time."""
+    return crosstalk is not None and crosstalk.mirror is not None
+
+
 def upstream_of(flow: http.HTTPFlow) -> str:
     return f"{flow.request.host}:{flow.request.port}"
 
@@ -62,7 +68,7 @@ class CrossTalkPrevention:
     def request(self, flow: http.HTTPFlow) -> None:
         crosstalk = _crosstalk()
         monitor = flow.metadata.get(METADATA_KEY)
-        if flow.response or monitor is None or crosstalk is None or crosstalk.engine is None:
+        if flow.response or monitor is None or crosstalk is None or crosstalk.log is None:
             return
         config = crosstalk.config
         policy = config.policy_for(monitor.tenant, flow.request.path)
@@ -85,11 +91,19 @@ class CrossTalkPrevention:
                 flow.request.get_content(strict=False) or b"", salt=salt, canary=canary
             )
         except ValueError as e:
-            crosstalk.log.warning(
-                "prevention.skipped", request_id=monitor.request_id, reason=str(e)[:200]
-            )
+            if not _copied(crosstalk):
+                crosstalk.log.warning(
+                    "prevention.skipped", request_id=monitor.request_id, reason=str(e)[:200]
+                )
             return
         flow.request.content = rewrite.body  # re-encoded if compressed; Content-Length set
+        if rewrite.canary_added:
+            self._register(crosstalk, monitor.tenant, canary)
+            flow.metadata[CANARY_KEY] = canary
+            # The canary is removed from the plaintext stream: no compressed answer.
+            flow.request.headers["accept-encoding"] = "identity"
+        if _copied(crosstalk):
+            return
         if salt is not None:
             self.counters["cache_salt_injected"] += 1
         if rewrite.salt_replaced:
@@ -100,13 +114,12 @@ class CrossTalkPrevention:
             )
         if rewrite.canary_added:
             self.counters["canary_injected"] += 1
-            self._register(crosstalk, monitor.tenant, canary)
-            flow.metadata[CANARY_KEY] = canary
-            # The canary is removed from the plaintext stream: no compressed answer.
-            flow.request.headers["accept-encoding"] = "identity"
 
     def _register(self, crosstalk: Any, tenant: str, canary: str) -> None:
-        """Once per tenant and engine: the engine knows the canary from then on."""
+        """Once per tenant and engine: the engine knows the canary from then on (the
+        detector process's engine, when there is one: it sees the request too)."""
+        if crosstalk.engine is None:
+            return
         if crosstalk.engine is not self._engine:
             self._engine, self._registered = crosstalk.engine, set()
         if tenant in self._registered:
@@ -121,6 +134,8 @@ class CrossTalkPrevention:
         if canary is None or "text/event-stream" not in response.headers.get("content-type", ""):
             return
         if response.headers.get("content-encoding", "identity") not in ("", "identity"):
+            if _copied(_crosstalk()):
+                return
             monitor = flow.metadata.get(METADATA_KEY)
             _crosstalk().log.warning(
                 "canary.unstripped",
@@ -155,7 +170,7 @@ class CrossTalkPrevention:
             self._removed(flow, stripper.removed)
 
     def _removed(self, flow: http.HTTPFlow, removed: int) -> None:
-        if not removed:
+        if not removed or _copied(_crosstalk()):
             return
         self.counters["canary_echoes_removed"] += removed
         monitor = flow.metadata.get(METADATA_KEY)
@@ -211,7 +226,7 @@ class CrossTalkDegenerate:
     def request(self, flow: http.HTTPFlow) -> None:
         crosstalk = _crosstalk()
         monitor = flow.metadata.get(METADATA_KEY)
-        if flow.response or monitor is None or crosstalk is None:
+        if flow.response or monitor is None or crosstalk is None or _copied(crosstalk):
             return
         config = crosstalk.config.degenerate
         if not config.enabled:

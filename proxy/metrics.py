@@ -151,6 +151,12 @@ class _Collector:
             yield total
 
 
+def _detector_elsewhere() -> bool:
+    """Whether a detector process scans (and counts) the exchanges of this proxy."""
+    crosstalk = _addon(CROSSTALK)
+    return crosstalk is not None and bool(crosstalk.detector_wanted)
+
+
 def _addon(name: str) -> Any:
     try:
         return ctx.master.addons.get(name)
@@ -207,6 +213,8 @@ class CrossTalkMetrics:
         limit = section.max_tenant_labels if section else 100
         if limit != self.tenants.limit:
             self.tenants = TenantLabels(limit)
+        if _detector_elsewhere():
+            port = 0  # the detector process serves them: its engine, its counts
         if not port:
             self._stop()
             return
@@ -223,7 +231,7 @@ class CrossTalkMetrics:
 
     def request(self, flow: http.HTTPFlow) -> None:
         monitor = flow.metadata.get(METADATA_KEY)
-        if monitor is not None:
+        if monitor is not None and not _detector_elsewhere():
             monitor.on_scan = self.scan_seconds.observe
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -237,7 +245,7 @@ class CrossTalkMetrics:
 
     def _count(self, flow: http.HTTPFlow) -> None:
         monitor = flow.metadata.get(METADATA_KEY)
-        if monitor is None or flow.metadata.get(COUNTED_KEY):
+        if monitor is None or flow.metadata.get(COUNTED_KEY) or _detector_elsewhere():
             return
         flow.metadata[COUNTED_KEY] = True
         monitor.when_settled(lambda: self._count_outcome(monitor))

@@ -584,7 +584,9 @@ class Replica:
 
 def replica_config(tmp: Path, name: str, warm_state: Path, url: str | None) -> Path:
     """Each replica: the shared key, its own copy of the learned state, the index
-    (``url`` None: given by ``--index`` instead)."""
+    (``url`` None: given by ``--index`` instead). Its detector process keeps the
+    proxy's CPU priority: three replicas on this 2-core machine would starve a niced
+    one, and what it has not read yet, the other replicas cannot match either."""
     root = tmp / name
     root.mkdir()
     shutil.copy(warm_state, root / "state.npz")
@@ -593,6 +595,7 @@ def replica_config(tmp: Path, name: str, warm_state: Path, url: str | None) -> P
         f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{root / "state.npz"}"\n'
         + (f'[index]\nurl = "{url}"\n' if url else "[index]\n")
         + f'replica_name = "{name}"\ntimeout_seconds = 2.0\nreconnect_max_seconds = 0.5\n'
+        + "[policy]\nshadow_detector_nice = 0\n"
     )
     return cfg
 
@@ -600,8 +603,9 @@ def replica_config(tmp: Path, name: str, warm_state: Path, url: str | None) -> P
 def start_replica(
     config: Path, upstream: str, port: int | None = None, index: str | None = None
 ) -> Replica:
-    """``crosstalk run`` (with ``--index`` when given): it loads the window before it
-    listens, so an open port means ready (``index.ready`` is in its log by then)."""
+    """``crosstalk run`` (with ``--index`` when given), once its engine has loaded the
+    window (``index.ready``). With detection in a process, the proxy listens first:
+    the copies of early exchanges wait in the pipe until the window is loaded."""
     port = port or free_port()
     log = config.parent / f"events-{port}-{time.monotonic_ns()}.jsonl"
     proc = subprocess.Popen(
@@ -612,7 +616,11 @@ def start_replica(
     )  # fmt: skip
     wait_for_port(port, proc, timeout=60)
     replica = Replica(port, log, proc, config, upstream, index)
-    assert replica.events("index.ready"), "listening before the window was loaded"
+    deadline = time.monotonic() + 60
+    while not replica.events("index.ready"):
+        assert time.monotonic() < deadline, "the window was never loaded"
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
     return replica
 
 
