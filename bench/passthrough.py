@@ -5,7 +5,11 @@ The same load goes, in one run, to each target in ``make_targets``:
 * ``direct``: straight to the simulated engine (no proxy), a floor;
 * ``bare mitmdump``: ``mitmdump --mode reverse:SIM --set stream_large_bodies=1`` with no
   addon, the baseline (mitmproxy itself, streaming every body);
-* ``crosstalk shadow``: ``python -m proxy run --upstream SIM --mode shadow``.
+* ``crosstalk shadow``: ``python -m proxy run --upstream SIM --mode shadow`` (detection
+  in its detector process, the default);
+* ``crosstalk shadow, inline detector``: the same with ``policy.shadow_detector =
+  "inline"`` (detection on the proxy's event loop, when it is idle);
+* ``crosstalk enforce``: ``--mode enforce`` (always inline).
 
 One simulator process (``python -m proxy sim --token-delay D``) serves every target; all
 proxies are started at once and used only once their port answers ``GET /v1/models``.
@@ -22,7 +26,7 @@ with ``data: [DONE]``; anything else counts as a failure (target: 0).
 Noise control (shared 2-core machine): an unmeasured warm-up round, then ``--rounds``
 rounds; in each round every target gets the identical request list, in a shuffled target
 order. Per round and target: TTFT p50/p99, events/s = SSE events received / wall time of
-that target's load, and the proxy process's CPU time (from /proc). Reported values are
+that target's load, and the CPU time of the proxy's processes (from /proc: its detector process included). Reported values are
 medians of the per-round values; ratios against bare mitmdump are computed per round, then
 medianed. Targets (crosstalk rows): TTFT p50 ratio <= 1.05 and events/s ratio >= 0.95.
 
@@ -138,7 +142,9 @@ def make_targets(sim_url: str, workdir: Path, crosstalk_args: Sequence[str] = ()
         ]
         return Target(name, argv, port)
 
-    def crosstalk(name: str, mode: str, *extra: str, holdback: bool = False) -> Target:
+    def crosstalk(
+        name: str, mode: str, *extra: str, holdback: bool = False, gated: bool = True
+    ) -> Target:
         port = free_port()
         argv = [
             sys.executable,
@@ -158,13 +164,19 @@ def make_targets(sim_url: str, workdir: Path, crosstalk_args: Sequence[str] = ()
             *crosstalk_args,
             *extra,
         ]
-        return Target(name, argv, port, gated=True, holdback=holdback)
+        return Target(name, argv, port, gated=gated, holdback=holdback)
 
+    inline = workdir / "inline-detector.toml"
+    inline.write_text('[policy]\nshadow_detector = "inline"\n')
     return [
         Target(DIRECT, None, None),
         # lazy, as crosstalk sets it: both open the upstream connection per request
         mitmdump(BASELINE, "--set", "connection_strategy=lazy"),
         crosstalk("crosstalk shadow", "shadow"),
+        # For comparison (not gated): the detector on the proxy's event loop.
+        crosstalk(
+            "crosstalk shadow, inline detector", "shadow", "--config", str(inline), gated=False
+        ),
         crosstalk("crosstalk enforce", "enforce", holdback=True),
     ]
 
@@ -188,12 +200,28 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
     def cpu_seconds(self) -> float | None:
-        """utime + stime of the process so far, from /proc (None where unavailable)."""
+        """utime + stime so far of the process and its live descendants (crosstalk's
+        detector process), from /proc (None where unavailable)."""
         try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            return sum(process_cpu(pid) for pid in process_tree(self.proc.pid))
+        except (OSError, IndexError, ValueError):
             return None
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def process_cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants, from /proc/PID/task/*/children."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").iterdir():
+            with contextlib.suppress(OSError):
+                pids += [int(c) for c in (task / "children").read_text().split()]
+        i += 1
+    return pids
 
 
 def start_server(name: str, argv: list[str], workdir: Path) -> Server:

@@ -171,11 +171,15 @@ class CrossTalk:
             pid=self.detector.proc.pid,
             nice=self.detector.nice,
         )
+        started = time.monotonic()
         failure = await self.detector.ready(READY_TIMEOUT)
-        if failure is not None:
-            self.log.error("detector.failed", reason=failure)
-            print(f"crosstalk: the detector process failed: {failure}", file=sys.stderr)
-            ctx.master.shutdown()
+        if failure is None:
+            seconds = round(time.monotonic() - started, 2)
+            self.log.info("detector.ready", pid=self.detector.proc.pid, seconds=seconds)
+            return
+        self.log.error("detector.failed", reason=failure)
+        print(f"crosstalk: the detector process failed: {failure}", file=sys.stderr)
+        ctx.master.shutdown()
 
     def _detector_event(self, event: str, detail: Any) -> None:
         if event == "exited":

@@ -43,6 +43,7 @@ MAX_FRAME = 1 << 30
 DEFAULT_MAX_BACKLOG = 256 << 20  # bytes copied but not yet read by the child
 READ_SIZE = 1 << 16
 STOP_TIMEOUT = 30.0  # seconds the child may take to finish its queue at shutdown
+EXIT_WAIT = 1.0  # seconds between the child's end of pipe and its exit status
 
 
 def encode(*message: Any) -> bytes:
@@ -249,9 +250,11 @@ class DetectorProcess:
         except OSError as e:
             self._died(f"{type(e).__name__}: {e}")
             return
-        if not data:
-            status = self.proc.poll()
-            self._died(f"exited (status {status})" if status is not None else "closed its pipe")
+        if not data:  # the child exits (or closed its end): it is reaped in a moment
+            try:
+                self._died(f"exited (status {self.proc.wait(EXIT_WAIT)})")
+            except subprocess.TimeoutExpired:
+                self._died("closed its pipe")
             return
         for message in self._decoder.feed(data):
             if message[0] in ("ready", "failed"):

@@ -137,19 +137,16 @@ async def serve(read_fd: int, write_fd: int) -> int:
     opts.update_defer(**config["options"])
     master = Master(opts, with_termlog=False)
     crosstalk, metrics = CrossTalk(inline=True, key=config["key"]), CrossTalkMetrics()
-    master.addons.add(crosstalk, CrossTalkPrevention(), CrossTalkDegenerate(), metrics)
-    # Deferred options are applied as each addon loads, before it joins the chain: the
-    # last one added is configured by nobody. CrossTalk has its values by then.
-    master.addons.invoke_addon_sync(metrics, ConfigureHook(set(opts.keys())))
-    if crosstalk.engine is None:
-        # Configuring failed (mitmproxy logs the error of a deferred option, not ours):
-        # once more, directly, to say why.
-        try:
-            master.options.update(**config["options"])
-            crosstalk.configure(set(config["options"]))
-        except Exception as e:  # noqa: BLE001 -- reported to the proxy, which stops
-            os.write(write_fd, encode("failed", str(e)))
-            return 1
+    try:
+        master.addons.add(crosstalk, CrossTalkPrevention(), CrossTalkDegenerate(), metrics)
+        # Deferred options are applied as each addon loads, before it joins the chain:
+        # the last one added is configured by nobody. CrossTalk has its values by then.
+        master.addons.invoke_addon_sync(metrics, ConfigureHook(set(opts.keys())))
+        if crosstalk.engine is None:
+            raise RuntimeError("crosstalk could not be configured (see its log)")
+    except Exception as e:  # noqa: BLE001 -- reported to the proxy, which stops
+        os.write(write_fd, encode("failed", str(e)))
+        return 1
     os.write(write_fd, encode("ready", os.getpid()))
     running = asyncio.create_task(master.run())
     copies = ExchangeCopies(master, reply)

@@ -1,0 +1,182 @@
+"""Shadow detection in a child process (proxy/detector_process.py, detector_worker.py).
+
+Real parts: ``mitmdump`` with the crosstalk addon, which spawns the real detector
+process; the simulator injecting faults; the ``openai`` SDK as the client. The two
+placements must find the same leaks on the same traffic; a dead or stalled child must
+never cost a client a byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from conftest import TEST_KEY, read_events, run_mitmdump, run_sim, wait_for_events
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.detector_process import DetectorProcess, FrameDecoder, encode
+from proxy.sim.workload import Workload
+
+
+def client(url: str, tenant: str, request_id: str) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{url}/v1",
+        api_key="sk-test",
+        max_retries=0,
+        timeout=30,
+        default_headers={"X-Tenant-ID": tenant, "X-Request-ID": request_id},
+    )
+
+
+def ask(url: str, tenant: str, request_id: str, messages: list[dict], stream: bool) -> str:
+    c = client(url, tenant, request_id)
+    if stream:
+        parts = c.chat.completions.create(model="m", messages=messages, stream=True)
+        return "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+    return c.chat.completions.create(model="m", messages=messages).choices[0].message.content
+
+
+def findings_of(events: list[dict]) -> set[tuple]:
+    return {
+        (e["request_id"], e["source_request_id"], e["kind"])
+        for e in events
+        if e["event"] == "leak.detected"
+    }
+
+
+def config(tmp: Path, placement: str) -> Path:
+    path = tmp / f"{placement}.toml"
+    path.write_text(f'[detection]\nkey = "{TEST_KEY}"\n[policy]\nshadow_detector = "{placement}"\n')
+    return path
+
+
+def test_inline_and_process_find_the_same_leaks(tmp_path: Path):
+    """The same sequential traffic (so the same order), the same injected faults: the
+    detector process logs exactly the findings and verdicts inline mode logs."""
+    requests = list(Workload(tenants=6, seed=11).requests(70))
+    logged = {}
+    for placement in ("inline", "process"):
+        with (
+            run_sim(tmp_path, "--token-delay", "0", "--leak-rate", "0.3", "--seed", "5") as sim,
+            run_mitmdump(tmp_path, sim.url, f"crosstalk_config={config(tmp_path, placement)}") as p,
+        ):
+            for i, r in enumerate(requests):
+                ask(p.url, r.tenant, r.request_id, r.messages, stream=i % 3 != 0)
+            events = wait_for_events(
+                p.log, lambda ev: sum(e["event"] == "exchange" for e in ev) >= len(requests)
+            )
+            configured = [e for e in events if e["event"] == "crosstalk.configured"]
+            assert {e["detector"] for e in configured} == (
+                {"inline"} if placement == "inline" else {"process", "inline"}
+            )
+            logged[placement] = (
+                findings_of(events),
+                {e["request_id"]: e["verdict"] for e in events if e["event"] == "exchange"},
+            )
+    assert len(logged["inline"][0]) >= 5  # the faults were there to find
+    assert logged["process"] == logged["inline"]
+
+
+def test_dead_detector_fails_open(tmp_path: Path):
+    """Killing the child costs no client anything: answers stay byte-identical to what
+    the simulator sent, and one detector.error says detection stopped."""
+    with (
+        run_sim(tmp_path, "--token-delay", "0") as sim,
+        run_mitmdump(tmp_path, sim.url, f"crosstalk_config={config(tmp_path, 'process')}") as p,
+    ):
+        messages = [{"role": "user", "content": "Summarise our travel policy, please."}]
+        assert ask(p.url, "acme", "before-kill", messages, stream=True)
+        ready = wait_for_events(p.log, lambda ev: any(e["event"] == "detector.ready" for e in ev))
+        pid = next(e["pid"] for e in ready if e["event"] == "detector.ready")
+        os.kill(pid, signal.SIGKILL)
+        for i in range(6):
+            rid = f"after-kill-{i}"
+            raw = client(p.url, "acme", rid).chat.completions.with_raw_response.create(
+                model="m", messages=messages, stream=i % 2 == 0
+            )
+            assert raw.http_response.read() == sim.sent(rid)
+        events = wait_for_events(p.log, lambda ev: any(e["event"] == "detector.error" for e in ev))
+        errors = [e for e in events if e["event"] == "detector.error"]
+        assert len(errors) == 1
+        assert "exited" in errors[0]["reason"] and errors[0]["action"] == "failed_open"
+        assert p.proc.poll() is None
+
+
+def test_a_stalled_detector_makes_the_proxy_skip_copies_not_wait(tmp_path: Path):
+    """A stopped child: once ``max_backlog`` bytes wait for it, new exchanges are not
+    copied (never blocking the sender); resumed, it catches up and copies resume."""
+    events: list[tuple[str, object]] = []
+
+    async def scenario() -> None:
+        hello = {"key": TEST_KEY, "options": {"crosstalk_log_file": str(tmp_path / "w.jsonl")}}
+        detector = DetectorProcess(
+            hello, nice=0, max_backlog=256 << 10, on_event=lambda *e: events.append(e)
+        )
+        detector.start()
+        assert await detector.ready(60) is None
+        os.kill(detector.proc.pid, signal.SIGSTOP)
+        try:
+            chunk = b"data: " + b"x" * 16_000 + b"\n\n"
+            started = time.monotonic()
+            sent = 0
+            while detector.accepting():
+                assert detector.send("chunk", 999, chunk, time.monotonic())  # no such exchange
+                sent += 1
+                assert sent < 1000
+            assert time.monotonic() - started < 2  # never waited for the child
+            assert events == [("lagging", detector.backlog)]
+        finally:
+            os.kill(detector.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 30
+        while not detector.accepting():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert events[-1][0] == "caught_up"
+        assert detector.close() == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_detector_that_cannot_start_stops_the_proxy(tmp_path: Path):
+    """Its journal directory is a file: the child cannot open it and says why, and the
+    proxy stops, as inline mode refuses that configuration."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    cfg = config(tmp_path, "process")
+    cfg.write_text(cfg.read_text() + f'[journal]\ndirectory = "{blocker}"\n')
+    with (
+        run_sim(tmp_path) as sim,
+        pytest.raises(RuntimeError, match="exited"),
+        run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p,
+    ):
+        deadline = time.monotonic() + 60
+        while p.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        raise RuntimeError(f"proxy exited: {p.proc.poll()}")
+    (log,) = tmp_path.glob("events-*.jsonl")
+    failed = [e for e in read_events(log) if e["event"] == "detector.failed"]
+    assert failed and "journal" in failed[0]["reason"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    messages=st.lists(
+        st.tuples(st.sampled_from(["chunk", "request"]), st.integers(0, 99), st.binary()),
+        max_size=8,
+    ),
+    cuts=st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_frames_survive_any_split(messages, cuts):
+    stream = b"".join(encode(*m) for m in messages)
+    bounds = sorted({0, len(stream), *(c % (len(stream) + 1) for c in cuts)})
+    decoder = FrameDecoder()
+    decoded = []
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        decoded += decoder.feed(stream[start:end])
+    assert decoded == messages
