@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import pickle
 import select
@@ -42,6 +43,9 @@ _LENGTH = struct.Struct("!I")
 MAX_FRAME = 1 << 30
 DEFAULT_MAX_BACKLOG = 256 << 20  # bytes copied but not yet read by the child
 READ_SIZE = 1 << 16
+FLUSH_DELAY = 0.02  # seconds a copied frame may wait to be written with later ones
+FLUSH_BYTES = 1 << 16  # ... or until this many bytes wait
+IOV_MAX = 1024
 STOP_TIMEOUT = 30.0  # seconds the child may take to finish its queue at shutdown
 EXIT_WAIT = 1.0  # seconds between the child's end of pipe and its exit status
 
@@ -112,6 +116,7 @@ class DetectorProcess:
         self._backlog = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._writing = False
+        self._flush_timer: asyncio.TimerHandle | None = None
         self._decoder = FrameDecoder()
         self._replies: dict[int, asyncio.Future[Any]] = {}
         self._ready: asyncio.Future[str | None] | None = None
@@ -166,6 +171,7 @@ class DetectorProcess:
         timeout, or when the child is gone)."""
         if not self.send(*message):
             return None
+        self._write_some()  # a client waits on the answer
         future = asyncio.get_running_loop().create_future()
         self._replies[exchange] = future
         try:
@@ -202,24 +208,36 @@ class DetectorProcess:
         if self.on_event is not None:
             self.on_event(event, detail)
 
-    def _enqueue(self, frame: bytes) -> None:
+    def _enqueue(self, frame: bytes, *, now: bool = False) -> None:
+        """Queue ``frame``; written within ``FLUSH_DELAY`` together with the frames that
+        follow it (``now``: at once). Every write wakes the child, and on a busy machine
+        each wake-up costs both processes more than the bytes do."""
         self._out.append(memoryview(frame))
         self._backlog += len(frame)
-        if not self._writing:
+        if self._writing:
+            return  # the pipe is full: add_writer writes as soon as it drains
+        if now or self._loop is None or self._backlog >= FLUSH_BYTES:
             self._write_some()
+        elif self._flush_timer is None:
+            self._flush_timer = self._loop.call_later(FLUSH_DELAY, self._write_some)
 
     def _write_some(self) -> None:
-        """Write what the pipe takes now; wait for it to drain (add_writer) otherwise."""
+        """Write what the pipe takes now (one system call for up to ``IOV_MAX``
+        frames); wait for it to drain (add_writer) otherwise."""
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         fd = self.proc.stdin.fileno()
         out = self._out
         try:
             while out:
-                written = os.write(fd, out[0])
+                written = os.writev(fd, list(itertools.islice(out, IOV_MAX)))
                 self._backlog -= written
-                if written < len(out[0]):
+                while out and written >= len(out[0]):
+                    written -= len(out.popleft())
+                if written:
                     out[0] = out[0][written:]
                     break
-                out.popleft()
         except BlockingIOError:
             pass
         except OSError as e:  # BrokenPipeError: the child is gone
@@ -282,6 +300,9 @@ class DetectorProcess:
             self._ready.set_result(failure)
 
     def _stop_io(self) -> None:
+        if self._flush_timer is not None:
+            self._flush_timer.cancel()
+            self._flush_timer = None
         loop = self._loop
         if loop is None or loop.is_closed():
             return
