@@ -180,3 +180,26 @@ def test_frames_survive_any_split(messages, cuts):
     for start, end in zip(bounds, bounds[1:], strict=False):
         decoded += decoder.feed(stream[start:end])
     assert decoded == messages
+
+
+def test_placement_follows_the_policies(tmp_path: Path):
+    """auto: a detector process unless some policy enforces (the engine must then be on
+    the proxy's loop, and one engine sees all traffic); process with enforce: refused."""
+    from proxy import config as configuration
+
+    def load(text: str, **overrides: str):
+        path = tmp_path / "c.toml"
+        path.write_text(text)
+        return configuration.load(path, **overrides)
+
+    assert load("").detector_process()
+    assert not load("", proxy__mode="enforce").detector_process()
+    assert not load('[policy.tenants.acme]\nmode = "enforce"\n').detector_process()
+    assert not load('[policy.routes."/v1/completions"]\nmode = "enforce"\n').detector_process()
+    assert not load('[policy]\nshadow_detector = "inline"\n').detector_process()
+    with pytest.raises(configuration.ConfigError, match="cannot serve enforce"):
+        load('[policy]\nshadow_detector = "process"\n', proxy__mode="enforce")
+    with pytest.raises(configuration.ConfigError, match="shadow_detector must be"):
+        load('[policy]\nshadow_detector = "thread"\n')
+    with pytest.raises(configuration.ConfigError, match="0..19"):
+        load("[policy]\nshadow_detector_nice = 20\n")
