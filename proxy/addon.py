@@ -40,6 +40,8 @@ from .tenants import TenantRules, request_id_of, resolve_tenant
 
 METADATA_KEY = "crosstalk"
 READY_TIMEOUT = 120.0  # seconds a detector process may take to load its state
+RESTART_DELAY = 1.0  # seconds before a dead detector process is replaced
+MAX_RESTARTS = 5  # replacements per run; a detector that keeps dying is left off
 OPTIONS: dict[str, tuple[type, Any, str]] = {
     "crosstalk_config": (str, "", "Path of the crosstalk TOML configuration."),
     "crosstalk_mode": (str, "", "shadow or enforce; overrides the config file."),
@@ -81,7 +83,8 @@ class CrossTalk:
         self.detector: DetectorProcess | None = None
         self.mirror: FlowMirror | None = None
         self.detector_wanted = False  # detection in a process (policy.shadow_detector)
-        self._starting: asyncio.Task | None = None  # a restart after reconfiguration
+        self._starting: asyncio.Task | None = None  # a (re)start while running
+        self._restarts = 0
         self.log: Any = None
         self.rules = TenantRules()
         self.counters: dict[str, int] = {
@@ -153,10 +156,11 @@ class CrossTalk:
             window_seconds=engine_config.window_seconds,
         )
 
-    async def _start_detector(self) -> None:
+    async def _start_detector(self, *, restart: bool = False) -> None:
         """Detection in a child process: this one only copies exchanges to it. Waits
         for the child to be configured (its state, journal window or shared index
-        loaded); if it cannot be, says why and stops the proxy, as inline mode would."""
+        loaded); if it cannot be at start, says why and stops the proxy, as inline mode
+        would (a replacement that fails leaves detection off, logged)."""
         options = {n: o.current() for n, o in ctx.options.items() if n.startswith("crosstalk_")}
         hello = {"key": self.config.detection.key, "options": options}
         self.detector = DetectorProcess(
@@ -178,16 +182,22 @@ class CrossTalk:
             self.log.info("detector.ready", pid=self.detector.proc.pid, seconds=seconds)
             return
         self.log.error("detector.failed", reason=failure)
-        print(f"crosstalk: the detector process failed: {failure}", file=sys.stderr)
-        ctx.master.shutdown()
+        if not restart:
+            print(f"crosstalk: the detector process failed: {failure}", file=sys.stderr)
+            ctx.master.shutdown()
 
     def _detector_event(self, event: str, detail: Any) -> None:
         if event == "exited":
+            restart = self._running and self._restarts < MAX_RESTARTS
+            then = f"replaced in {RESTART_DELAY:g} s" if restart else "detection stays off"
             self.log.error(
                 "detector.error",
-                reason=f"detector process {detail}: exchanges pass unscanned from now on",
+                reason=f"detector process {detail}: exchanges pass unscanned; {then}",
                 action="failed_open",
             )
+            if restart:
+                self._restarts += 1
+                asyncio.get_running_loop().call_later(RESTART_DELAY, self._replace_detector)
         elif event == "lagging":
             self.log.warning(
                 "detector.lagging",
@@ -196,6 +206,13 @@ class CrossTalk:
             )
         else:
             self.log.info("detector.caught_up", backlog_bytes=detail, skipped=self.detector.skipped)
+
+    def _replace_detector(self) -> None:
+        """A fresh child (its engine starts from the state file or journal, if any)."""
+        if not self._running or not self.detector_wanted:
+            return
+        self._stop_detector()
+        self._starting = asyncio.get_running_loop().create_task(self._start_detector(restart=True))
 
     def _stop_detector(self) -> None:
         if self.detector is not None:
@@ -218,6 +235,7 @@ class CrossTalk:
             self.index.start()
 
     def done(self) -> None:
+        self._running = False
         self._stop_detector()
         self.idle.drain()
         self._save_state()
@@ -311,6 +329,8 @@ class CrossTalk:
         if route is None:
             self._note_unknown(flow)
             return
+        if self.detector_wanted and self.mirror is None:
+            return  # the moment between listening and the detector's start: unscanned
         request_id = request_id_of(flow.request.headers)
         flow.request.headers["x-request-id"] = request_id
         # With a detector process, this one reads the body only for a tenant named

@@ -83,9 +83,9 @@ def test_inline_and_process_find_the_same_leaks(tmp_path: Path):
     assert logged["process"] == logged["inline"]
 
 
-def test_dead_detector_fails_open(tmp_path: Path):
+def test_dead_detector_fails_open_and_is_replaced(tmp_path: Path):
     """Killing the child costs no client anything: answers stay byte-identical to what
-    the simulator sent, and one detector.error says detection stopped."""
+    the simulator sent, one detector.error says so, and a fresh child takes over."""
     with (
         run_sim(tmp_path, "--token-delay", "0") as sim,
         run_mitmdump(tmp_path, sim.url, f"crosstalk_config={config(tmp_path, 'process')}") as p,
@@ -101,10 +101,20 @@ def test_dead_detector_fails_open(tmp_path: Path):
                 model="m", messages=messages, stream=i % 2 == 0
             )
             assert raw.http_response.read() == sim.sent(rid)
-        events = wait_for_events(p.log, lambda ev: any(e["event"] == "detector.error" for e in ev))
+        events = wait_for_events(
+            p.log, lambda ev: sum(e["event"] == "detector.ready" for e in ev) >= 2, timeout=60
+        )
         errors = [e for e in events if e["event"] == "detector.error"]
         assert len(errors) == 1
         assert "exited" in errors[0]["reason"] and errors[0]["action"] == "failed_open"
+        assert "replaced" in errors[0]["reason"]
+        new_pid = [e["pid"] for e in events if e["event"] == "detector.ready"][-1]
+        assert new_pid != pid
+        assert ask(p.url, "acme", "after-restart", messages, stream=True)
+        logged = wait_for_events(
+            p.log, lambda ev: any(e.get("request_id") == "after-restart" for e in ev)
+        )
+        assert any(e["event"] == "exchange" and e["request_id"] == "after-restart" for e in logged)
         assert p.proc.poll() is None
 
 
