@@ -222,28 +222,33 @@ class DetectorProcess:
             self._flush_timer = self._loop.call_later(FLUSH_DELAY, self._write_some)
 
     def _write_some(self) -> None:
-        """Write what the pipe takes now (one system call for up to ``IOV_MAX``
-        frames); wait for it to drain (add_writer) otherwise."""
+        """Write what the pipe takes now; wait for it to drain (add_writer) otherwise."""
         if self._flush_timer is not None:
             self._flush_timer.cancel()
             self._flush_timer = None
-        fd = self.proc.stdin.fileno()
-        out = self._out
         try:
-            while out:
-                written = os.writev(fd, list(itertools.islice(out, IOV_MAX)))
-                self._backlog -= written
-                while out and written >= len(out[0]):
-                    written -= len(out.popleft())
-                if written:
-                    out[0] = out[0][written:]
-                    break
-        except BlockingIOError:
-            pass
+            self._write_available()
         except OSError as e:  # BrokenPipeError: the child is gone
             self._died(f"{type(e).__name__}: {e}")
             return
-        self._watch(writing=bool(out))
+        self._watch(writing=bool(self._out))
+
+    def _write_available(self) -> None:
+        """Write queued frames, up to ``IOV_MAX`` per system call, until the pipe is
+        full (a partly written frame keeps its rest at the head) or nothing is left."""
+        fd = self.proc.stdin.fileno()
+        out = self._out
+        while out:
+            try:
+                written = os.writev(fd, list(itertools.islice(out, IOV_MAX)))
+            except BlockingIOError:
+                return
+            self._backlog -= written
+            while out and written >= len(out[0]):
+                written -= len(out.popleft())
+            if written:
+                out[0] = out[0][written:]
+                return
 
     def _watch(self, *, writing: bool) -> None:
         """Register the pipe ends with the running loop (once it runs)."""
@@ -315,22 +320,11 @@ class DetectorProcess:
         """At shutdown: write the rest as the child reads it, for at most ``timeout``."""
         deadline = time.monotonic() + timeout
         fd = self.proc.stdin.fileno()
-        out = self._out
-        try:
-            while out and (left := deadline - time.monotonic()) > 0:
-                if not select.select([], [fd], [], left)[1]:
-                    break
-                try:
-                    written = os.write(fd, out[0])
-                except BlockingIOError:
-                    continue
-                if written < len(out[0]):
-                    out[0] = out[0][written:]
-                else:
-                    out.popleft()
-        except OSError:
-            pass
-        out.clear()
+        with contextlib.suppress(OSError):
+            while self._out and (left := deadline - time.monotonic()) > 0:
+                if select.select([], [fd], [], left)[1]:
+                    self._write_available()
+        self._out.clear()
         self._backlog = 0
 
 
