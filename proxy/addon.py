@@ -85,6 +85,7 @@ class CrossTalk:
         self.detector_wanted = False  # detection in a process (policy.shadow_detector)
         self._starting: asyncio.Task | None = None  # a (re)start while running
         self._restarts = 0
+        self.failed: str | None = None  # why it stops the proxy at start, if it does
         self.log: Any = None
         self.rules = TenantRules()
         self.counters: dict[str, int] = {
@@ -183,7 +184,8 @@ class CrossTalk:
             return
         self.log.error("detector.failed", reason=failure)
         if not restart:
-            print(f"crosstalk: the detector process failed: {failure}", file=sys.stderr)
+            self.failed = f"the detector process failed: {failure}"
+            print(f"crosstalk: {self.failed}", file=sys.stderr)
             ctx.master.shutdown()
 
     def _detector_event(self, event: str, detail: Any) -> None:

@@ -34,11 +34,13 @@ class _ReadyBanner:
     """Prints how to use the proxy once mitmproxy's servers are up (``running`` runs
     after the proxyserver addon, added before this one, has started listening)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, crosstalk: CrossTalk) -> None:
         self.text = text
+        self.crosstalk = crosstalk
 
     def running(self) -> None:
-        print(self.text, flush=True)
+        if self.crosstalk.failed is None:  # else it is stopping, and has said why
+            print(self.text, flush=True)
 
 
 def ready_banner(proxy_url: str, upstream: str, simulated: bool, proxy: ProxySection) -> str:
@@ -89,7 +91,8 @@ async def serve(request: RunRequest) -> int:
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
     if capture is not None:
         master.addons.add(capture[0])  # before CrossTalk: writes the upstream response
-    master.addons.add(CrossTalk())
+    crosstalk = CrossTalk()
+    master.addons.add(crosstalk)
     if capture is not None:
         master.addons.add(capture[1])  # after CrossTalk: keeps the streamed bodies it scans
     # After CrossTalk (and the capture's tee, which keeps what the engine sent): they read
@@ -114,11 +117,13 @@ async def serve(request: RunRequest) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, master.shutdown)
     master.addons.add(
-        _ReadyBanner(ready_banner(proxy_url, upstream, sim_runner is not None, cfg.proxy))
+        _ReadyBanner(
+            ready_banner(proxy_url, upstream, sim_runner is not None, cfg.proxy), crosstalk
+        )
     )
     try:
         await master.run()
     finally:
         if sim_runner is not None:
             await sim_runner.cleanup()
-    return 0
+    return 2 if crosstalk.failed else 0

@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import openai
 import pytest
-from conftest import TEST_KEY, read_events, run_mitmdump, run_sim, wait_for_events
+from conftest import ROOT, TEST_KEY, free_port, read_events, run_mitmdump, run_sim, wait_for_events
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -172,6 +174,16 @@ def test_a_detector_that_cannot_start_stops_the_proxy(tmp_path: Path):
     (log,) = tmp_path.glob("events-*.jsonl")
     failed = [e for e in read_events(log) if e["event"] == "detector.failed"]
     assert failed and "journal" in failed[0]["reason"]
+    # crosstalk run: exit status 2 and the reason, as for a configuration it refuses;
+    # no "crosstalk is running" banner.
+    run = subprocess.run(
+        [sys.executable, "-m", "proxy", "run", "--listen-port", str(free_port()),
+         "--upstream", "http://127.0.0.1:9", "--config", str(cfg)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2
+    assert "the detector process failed" in run.stderr and "journal" in run.stderr
+    assert "crosstalk is running" not in run.stdout
 
 
 @settings(max_examples=60, deadline=None)
