@@ -614,13 +614,17 @@ def start_replica(
          *(["--index", index] if index else [])],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
-    wait_for_port(port, proc, timeout=60)
     replica = Replica(port, log, proc, config, upstream, index)
-    deadline = time.monotonic() + 60
-    while not replica.events("index.ready"):
-        assert time.monotonic() < deadline, "the window was never loaded"
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        time.sleep(0.05)
+    try:
+        wait_for_port(port, proc, timeout=60)
+        deadline = time.monotonic() + 60
+        while not replica.events("index.ready"):
+            assert time.monotonic() < deadline, "the window was never loaded"
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.05)
+    except BaseException:
+        stop(proc)  # a replica that never got ready must not outlive the test
+        raise
     return replica
 
 
