@@ -206,8 +206,8 @@ class CrossTalk:
                 backlog_bytes=detail,
                 detail="new exchanges pass unscanned until the detector catches up",
             )
-        else:
-            self.log.info("detector.caught_up", backlog_bytes=detail, skipped=self.detector.skipped)
+        elif event == "caught_up":
+            self.log.info("detector.caught_up", backlog_bytes=detail, skipped=self.mirror.skipped)
 
     def _replace_detector(self) -> None:
         """A fresh child (its engine starts from the state file or journal, if any)."""

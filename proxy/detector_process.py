@@ -90,10 +90,11 @@ def _lower_priority(nice: int) -> Callable[[], None]:
 class DetectorProcess:
     """The child that detects, and the pipe that copies exchanges to it (see module).
 
-    ``send`` never blocks and never raises: it returns False when the message was not
-    sent (the child is gone, or behind by more than ``max_backlog``). ``on_event`` is
-    told of state changes once per episode: ``("lagging", backlog_bytes)``,
-    ``("caught_up", backlog_bytes)``, ``("exited", reason)``.
+    ``send`` never blocks and never raises: it returns False when the child is gone.
+    ``accepting`` says whether a new exchange should be copied at all: not while more
+    than ``max_backlog`` bytes wait for the child (until half of that is left).
+    ``on_event`` is told of state changes once per episode: ``("lagging",
+    backlog_bytes)``, ``("caught_up", backlog_bytes)``, ``("exited", reason)``.
     """
 
     def __init__(
@@ -111,7 +112,6 @@ class DetectorProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.alive = False
         self.lagging = False
-        self.skipped = 0  # exchanges not copied while lagging
         self._out: deque[memoryview] = deque()
         self._backlog = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -152,9 +152,6 @@ class DetectorProcess:
 
     def accepting(self) -> bool:
         """Whether a new exchange should be copied: alive and not lagging."""
-        if self.lagging and self._backlog <= self.max_backlog // 2:
-            self.lagging = False
-            self._tell("caught_up", self._backlog)
         return self.alive and not self.lagging
 
     def send(self, *message: Any) -> bool:
@@ -166,15 +163,15 @@ class DetectorProcess:
             self._tell("lagging", self._backlog)
         return self.alive
 
-    async def request(self, exchange: int, *message: Any, timeout: float) -> Any:
-        """Send ``message`` and wait for the child's reply about ``exchange`` (None on
-        timeout, or when the child is gone)."""
-        if not self.send(*message):
-            return None
-        self._write_some()  # a client waits on the answer
-        future = asyncio.get_running_loop().create_future()
-        self._replies[exchange] = future
+    async def ask(self, *message: Any, timeout: float) -> Any:
+        """Send ``message`` (kind, exchange id, ...) at once and wait for the child's
+        reply about that exchange: None on timeout, or when the child is gone."""
+        exchange = message[1]
+        future = self._replies[exchange] = asyncio.get_running_loop().create_future()
         try:
+            if not self.send(*message):
+                return None
+            self._write_some()  # a client waits on the answer
             return await asyncio.wait_for(future, timeout)
         except TimeoutError:
             return None
@@ -244,6 +241,9 @@ class DetectorProcess:
             except BlockingIOError:
                 return
             self._backlog -= written
+            if self.lagging and self._backlog <= self.max_backlog // 2:
+                self.lagging = False
+                self._tell("caught_up", self._backlog)
             while out and written >= len(out[0]):
                 written -= len(out.popleft())
             if written:
@@ -255,7 +255,7 @@ class DetectorProcess:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            return  # no loop yet (configure before start): written when one runs
+            return  # no loop (a synchronous caller): the next write on the loop registers
         if self._loop is None:
             self._loop = loop
             loop.add_reader(self.proc.stdout.fileno(), self._read_some)
@@ -344,11 +344,12 @@ class FlowMirror:
 
     def __init__(self, process: DetectorProcess) -> None:
         self.process = process
+        self.skipped = 0  # exchanges not copied: the child was lagging or gone
         self._next_id = 0
 
     def request(self, flow: Any) -> None:
         if not self.process.accepting():
-            self.process.skipped += 1
+            self.skipped += 1
             return
         self._next_id += 1
         flow.metadata[MIRROR_KEY] = self._next_id
@@ -379,7 +380,7 @@ class FlowMirror:
             self.process.send("response", xid, None, now)
             return None
         body = flow.response.raw_content
-        return await self.process.request(xid, "response", xid, body, now, timeout=REPLY_TIMEOUT)
+        return await self.process.ask("response", xid, body, now, timeout=REPLY_TIMEOUT)
 
     def error(self, flow: Any) -> None:
         xid = flow.metadata.get(MIRROR_KEY)

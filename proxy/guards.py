@@ -45,7 +45,7 @@ def _route_parts(route: Any) -> tuple[str, str]:
 def _copied(crosstalk: Any) -> bool:
     """Whether a detector process runs the addons on a copy of each exchange: it then
     reports their events and counts, and this process must not do so a second time."""
-    return crosstalk is not None and crosstalk.mirror is not None
+    return crosstalk is not None and crosstalk.detector_wanted
 
 
 def upstream_of(flow: http.HTTPFlow) -> str:

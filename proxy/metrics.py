@@ -154,7 +154,7 @@ class _Collector:
 def _detector_elsewhere() -> bool:
     """Whether a detector process scans (and counts) the exchanges of this proxy."""
     crosstalk = _addon(CROSSTALK)
-    return crosstalk is not None and bool(crosstalk.detector_wanted)
+    return crosstalk is not None and crosstalk.detector_wanted
 
 
 def _addon(name: str) -> Any:
