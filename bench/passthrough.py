@@ -76,11 +76,11 @@ from common import (  # noqa: E402
 )
 
 from proxy.config import PolicySection  # noqa: E402
-from proxy.exchange import words_in  # noqa: E402
+from proxy.pipeline.exchange import words_in  # noqa: E402
+from proxy.protocols.sse import SSEDecoder  # noqa: E402
 from proxy.sim.faults import PAGE_KINDS  # noqa: E402
 from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
 from proxy.sim.workload import SimRequest, Workload  # noqa: E402
-from proxy.sse import SSEDecoder  # noqa: E402
 
 HOST = "127.0.0.1"
 BASELINE = "bare mitmdump"

@@ -4,7 +4,7 @@ the engine, with the clean-but-shared cases mixed in at realistic rates.
 Traffic: ``proxy.sim.workload.Workload`` (shared system prompts in most requests,
 public documents pasted by several tenants, popular questions asked verbatim by several
 tenants, code, CJK tenants, entities, multi-turn, same-tenant repeats). Responses:
-``proxy.sim.textgen.answer_for``, corrupted by ``proxy.sim.faults.FaultInjector``.
+``proxy.sim.answers.answer_for``, corrupted by ``proxy.sim.faults.FaultInjector``.
 Requests run in concurrent batches: every prompt of a batch is observed first, then the
 responses stream round-robin in small deltas cut at random (mid-word included).
 
@@ -35,12 +35,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from proxy.config import load_baseline, load_vocabulary  # noqa: E402
+from proxy.defaults import load_baseline, load_vocabulary  # noqa: E402
 from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
+from proxy.sim.answers import answer_for  # noqa: E402
 from proxy.sim.faults import ALL_FAULT_KINDS, FaultInjector  # noqa: E402
 from proxy.sim.oracle import Observed, PrivacyOracle  # noqa: E402
-from proxy.sim.textgen import answer_for  # noqa: E402
 from proxy.sim.workload import Workload  # noqa: E402
 
 SIZE_BUCKETS = ((0, 4), (4, 8), (8, 16), (16, 32), (32, 10_000))
@@ -200,16 +200,16 @@ def evaluate(exchanges: list[Exchange], warmup: int, history: list[Exchange] = (
 
 
 def degenerate_signal(args: argparse.Namespace) -> dict:
-    """The degenerate-output signal (proxy/degenerate.py) on the same workload: detection
+    """The degenerate-output signal (proxy/engine/degenerate.py) on the same workload: detection
     rate on the simulator's degenerate faults, false positives on clean answers by
     content type (the simulator's prose, code and CJK answers; generated markdown
     tables; hand-written text in other scripts, bench/degenerate_corpus.py). Streamed in
     the same random deltas as the leak benchmark."""
     from degenerate_corpus import MULTILINGUAL, markdown_table
 
-    from proxy.degenerate import DegenerateDetector
+    from proxy.engine.degenerate import DegenerateDetector
+    from proxy.sim.answers import is_mostly_cjk
     from proxy.sim.faults import FaultInjector as Injector
-    from proxy.sim.textgen import is_mostly_cjk
 
     rng = random.Random(args.seed + 7)
     injector = Injector(1.0, seed=args.seed + 8, kinds=("degenerate",))
@@ -273,7 +273,7 @@ def degenerate_signal(args: argparse.Namespace) -> dict:
         + ", ".join(f"{r} {n}" for r, n in reasons.most_common()),
         f"- cost: {seconds / max(calls, 1) * 1e6:.2f} us per delta ({calls} deltas)",
     ]
-    print("\n### degenerate output signal (proxy/degenerate.py)\n")
+    print("\n### degenerate output signal (proxy/engine/degenerate.py)\n")
     print("\n".join(lines))
     for kind, reason, text in examples[: args.show_fp]:
         print(f"\nDEGENERATE FALSE POSITIVE ({kind}, {reason}): {text[:300]!r}")
@@ -415,10 +415,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="requests of earlier traffic to learn commonness from (0: cold only)",
     )
     p.add_argument(
-        "--baseline", default=str(Path(__file__).resolve().parent.parent / "config/baseline")
+        "--baseline", default=None, help="baseline texts (default: the shipped baseline)"
     )
     p.add_argument(
-        "--vocabulary", default=None, help="plain-word lists (default config/vocabulary)"
+        "--vocabulary", default=None, help="plain-word lists (default: the shipped vocabularies)"
     )
     p.add_argument(
         "--engine",

@@ -3,11 +3,11 @@ and the size and replay time of the fingerprint journal.
 
 How:
 
-1. *Synthetic capture.* One JSON-lines capture (the exchange format of README "Forensic
-   replay", ``proxy.readers.JSONL_FIELDS``) of ``--sizes``' largest size is written to a
+1. *Synthetic capture.* One JSON-lines capture (the exchange format of docs/forensics.md, "Forensic
+   replay", ``proxy.forensics.readers.JSONL_FIELDS``) of ``--sizes``' largest size is written to a
    temporary directory. Its content is the simulator's: requests of
    ``proxy.sim.workload.Workload`` (``--tenants`` tenants, chat and completions, ~60%
-   streamed), answers of ``proxy.sim.textgen.answer_for``, cross-tenant leaks injected by
+   streamed), answers of ``proxy.sim.answers.answer_for``, cross-tenant leaks injected by
    ``proxy.sim.faults.FaultInjector`` at ``--leak-rate``, and response bodies built by the
    simulator's own functions (one SSE event per word, some cut mid-word, as ``crosstalk
    sim --split-words`` sends them; the full JSON body for non-streamed ones). Every
@@ -79,9 +79,9 @@ sys.path.insert(0, str(REPO))
 
 from common import die_with_parent, free_port, stop_on_sigterm, stop_processes, wait_listening  # noqa: E402
 
+from proxy.sim.answers import answer_for, prompt_seed  # noqa: E402
 from proxy.sim.faults import FaultInjector  # noqa: E402
 from proxy.sim.server import _Exchange, full_body, stream_events, stream_pieces  # noqa: E402
-from proxy.sim.textgen import answer_for, prompt_seed  # noqa: E402
 from proxy.sim.workload import Workload  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -187,13 +187,11 @@ def learn_state(path: Path, requests: int = 1500) -> None:
     """What a proxy that has run for a while knows: commonness learned from earlier
     traffic of the simulated deployment (another seed: other prompts and data), as
     ``tests/conftest.py`` makes it, saved under the bench's key."""
-    from proxy.config import load, load_baseline, load_vocabulary
-    from proxy.engine import Engine
+    from proxy.config import load
+    from proxy.factory import build_engine
 
     cfg = load(None, detection__key=KEY)
-    engine = Engine(
-        cfg.engine_config(), baseline=load_baseline(None), plain_words=load_vocabulary(None)
-    )
+    engine = build_engine(cfg)
     for i, req in enumerate(Workload(tenants=24, seed=4242).requests(requests)):
         prompt = req.prompt_text()
         scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=1000.0 + i)

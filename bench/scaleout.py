@@ -7,8 +7,8 @@ SIGKILL after 5 s) on the way out; every wait is bounded. Three measurements, on
 
 1. *Visibility: publication on one replica -> visible on another.* Two worker
    processes (this script with ``--worker``), each an engine and its ``SharedIndex``
-   exactly as the addon builds them (``proxy.config.build_engine``,
-   ``proxy.index_redis``; the learned state of step 0 loaded), each on its own asyncio
+   exactly as the addon builds them (``proxy.factory.build_engine``,
+   ``proxy.store.redis_index``; the learned state of step 0 loaded), each on its own asyncio
    loop, on one stream. A first scans ``sum(rate x --level-seconds)`` exchanges of the
    simulator's workload with its engine, untimed (prompt observed; answer fed in 1-3
    word deltas, some cut mid-word; finished), while the processes of step 3 start, and
@@ -127,13 +127,14 @@ from common import (  # noqa: E402
     wait_listening,
 )
 
-from proxy.config import build_engine, load  # noqa: E402
+from proxy.config import load  # noqa: E402
 from proxy.engine.records import OutputRecord, PromptRecord  # noqa: E402
 from proxy.eventlog import make_logger  # noqa: E402
-from proxy.index_redis import OFFERED, RECORD, SharedIndex, settings_from  # noqa: E402
-from proxy.journal import decode  # noqa: E402
-from proxy.sim.textgen import answer_for  # noqa: E402
+from proxy.factory import build_engine  # noqa: E402
+from proxy.sim.answers import answer_for  # noqa: E402
 from proxy.sim.workload import SimRequest, Workload  # noqa: E402
+from proxy.store.journal import decode  # noqa: E402
+from proxy.store.redis_index import OFFERED, RECORD, SharedIndex, settings_from  # noqa: E402
 
 HOST = "127.0.0.1"
 TARGET_P99_MS = 50.0

@@ -6,7 +6,8 @@ import argparse
 import importlib
 import sys
 
-from . import __version__
+from proxy import __version__
+from proxy.defaults import DefaultsMissing
 
 #: name -> (one-line help, module). Each module: ``add_arguments(parser)``, ``main(args)``.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "sim":
         # The simulator parses its own arguments: it also runs as ``python -m``.
-        from .sim.server import main as sim_main
+        from proxy.sim.server import main as sim_main
 
         return sim_main(argv[1:])
     parser = argparse.ArgumentParser(
@@ -45,7 +46,11 @@ def main(argv: list[str] | None = None) -> int:
             module.add_arguments(p)
             p.set_defaults(handler=module.main)
     args = parser.parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except DefaultsMissing as e:  # a broken installation: say so, no traceback
+        print(f"crosstalk: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .engine import Engine, EngineConfig
-from .journal import JournalSettings
-from .tenants import SOURCES, TenantRules
+from proxy.engine import EngineConfig
+from proxy.store.journal import JournalSettings
+from proxy.tenants import SOURCES
 
 MODES = ("shadow", "enforce")
 SHADOW_DETECTORS = ("auto", "inline", "process")
@@ -48,10 +48,10 @@ class TenantSection:
 @dataclass(frozen=True, slots=True)
 class DetectionSection:
     key: str = ""  # hex; empty generates a key at start (fingerprints then die with it)
-    baseline_dir: str = ""  # empty: the packaged config/baseline
-    vocabulary_dir: str = ""  # empty: the packaged config/vocabulary
+    baseline_dir: str = ""  # empty: the shipped baseline (proxy/defaults)
+    vocabulary_dir: str = ""  # empty: the shipped vocabularies (proxy/defaults)
     state_file: str = ""  # learned commonness, loaded at start and saved at exit (.npz)
-    # Engine parameters (EngineConfig; README and bench/quality.py for their effect).
+    # Engine parameters (EngineConfig; docs/detection.md and bench/quality.py for their effect).
     k: int = _ENGINE.k
     winnow_window: int = _ENGINE.winnow_window
     min_run_words: float = _ENGINE.min_run_words
@@ -83,7 +83,7 @@ POLICY_KEYS = {
 class PolicySection:
     # Enforce mode holds back this many words of output until they are checked (16:
     # twice the 8-word detection threshold, so a leak is caught before its first word
-    # is released; README, "Enforce").
+    # is released; docs/modes.md, "Shadow and enforce").
     holdback_words: float = 16.0
     fail: str = "open"  # detector failure: "open" (pass, unscanned) or "closed" (cut)
     detector_budget_ms: float = 50.0  # a scan call slower than this is a failure
@@ -119,7 +119,7 @@ class JournalSection:
 @dataclass(frozen=True, slots=True)
 class IndexSection:
     # Replicas share their keyed records (no text) through a Redis Stream
-    # (proxy/index_redis.py, README "Scale-out"); empty url: this process only.
+    # (proxy/store/redis_index.py, docs/operations.md, "Scale-out"); empty url: this process only.
     # Every replica needs the same detection.key.
     url: str = ""  # redis://HOST:PORT/DB or rediss:// (TLS)
     password: str = ""  # overrides a password in the url
@@ -135,7 +135,7 @@ class IndexSection:
 
 @dataclass(frozen=True, slots=True)
 class PreventionSection:
-    # README "Prevention: cache_salt and canaries". Both also per tenant and per route
+    # docs/operations.md, "Prevention: cache_salt and canaries". Both also per tenant and per route
     # ([policy.tenants.NAME] / [policy.routes."/v1/chat/completions"] inject_... = true).
     inject_cache_salt: bool = False  # set cache_salt = HMAC(secret, tenant) on requests
     inject_canary: bool = False  # add the tenant's canary to the chat system prompt
@@ -155,7 +155,7 @@ class PreventionSection:
 
 @dataclass(frozen=True, slots=True)
 class MetricsSection:
-    # Prometheus endpoint (README "Metrics"); port 0: off (crosstalk run --metrics-port).
+    # Prometheus endpoint (docs/operations.md, "Metrics"); port 0: off (crosstalk run --metrics-port).
     port: int = 0
     host: str = "127.0.0.1"
     # Distinct tenant label values; later tenants are counted as tenant="other".
@@ -164,7 +164,7 @@ class MetricsSection:
 
 @dataclass(frozen=True, slots=True)
 class DegenerateSection:
-    # Degenerate-output signal (README "Degenerate output"): logged, never blocking.
+    # Degenerate-output signal (docs/detection.md, "Degenerate output"): logged, never blocking.
     enabled: bool = True
     rate_window_seconds: float = 600.0  # the per-upstream rate covers this much time
 
@@ -424,48 +424,3 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     config = Config(**{n: _section(cls, n, data.get(n, {})) for n, cls in sections.items()})
     return validate(config)
-
-
-PACKAGED = Path(__file__).resolve().parent.parent / "config"
-
-
-def _texts(root: Path) -> list[str]:
-    """``*.txt`` files under ``root``, ``#`` comment lines removed."""
-    if not root.is_dir():
-        return []
-    texts = []
-    for path in sorted(root.glob("**/*.txt")):
-        lines = path.read_text(errors="replace").splitlines()
-        texts.append("\n".join(line for line in lines if not line.lstrip().startswith("#")))
-    return texts
-
-
-def load_baseline(directory: str | Path | None) -> list[str]:
-    """Baseline texts: shared system prompts, templates, public documents, boilerplate."""
-    return _texts(Path(directory) if directory else PACKAGED / "baseline")
-
-
-def load_vocabulary(directory: str | Path | None) -> list[str]:
-    """Plain words of common languages, one a line."""
-    return [
-        w
-        for text in _texts(Path(directory) if directory else PACKAGED / "vocabulary")
-        for w in text.split()
-    ]
-
-
-def build_engine(config: Config) -> Engine:
-    """The engine ``config`` describes, with its baseline and plain vocabulary: one
-    factory for the live proxy and ``crosstalk replay``, so both detect alike."""
-    return Engine(
-        config.engine_config(),
-        baseline=load_baseline(config.detection.baseline_dir),
-        plain_words=load_vocabulary(config.detection.vocabulary_dir),
-    )
-
-
-def tenant_rules(config: Config, secret: bytes) -> TenantRules:
-    """How requests are attributed to tenants; ``secret`` keys the pseudonyms of
-    unmapped API keys (the engine's key, so they are stable under a fixed key)."""
-    t = config.tenants
-    return TenantRules(sources=t.sources, header=t.header, api_keys=dict(t.api_keys), secret=secret)

@@ -1,4 +1,4 @@
-"""Prevention: tenant-keyed ``cache_salt`` and per-tenant canaries (README "Prevention").
+"""Prevention: tenant-keyed ``cache_salt`` and per-tenant canaries (docs/operations.md, "Prevention").
 
 Detection is half of the control; a gateway can also prevent:
 
@@ -15,7 +15,7 @@ Detection is half of the control; a gateway can also prevent:
   from whole responses and :class:`CanaryStripper` from SSE streams, holding back the
   end of a delta that could be the start of the canary until the next delta decides.
 
-No mitmproxy imports: bytes in, bytes out (``proxy/guards.py`` wires it to the proxy).
+No mitmproxy imports: bytes in, bytes out (``proxy/mitm/prevention.py`` wires it to the proxy).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from .sse import SSEFramer
+from proxy.protocols.sse import SSEFramer
 
 __all__ = [
     "CANARY_LENGTH",

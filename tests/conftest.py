@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -28,10 +29,71 @@ BIN = Path(sys.executable).parent
 MITMDUMP = BIN / "mitmdump"
 
 
+def in_ci() -> bool:
+    """CI declares itself with ``CI=true`` (GitHub, GitLab and ours do); ``CI=false`` or an
+    empty value is a developer's machine."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def missing_tool(message: str) -> None:
+    """A tool a test needs is not installed: the test fails in CI (where it must run),
+    and is skipped elsewhere with the reason, which ``-ra`` prints in the summary."""
+    if in_ci():
+        pytest.fail(f"CI: {message}")
+    pytest.skip(message)
+
+
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (outgoing connections use it)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nothing listens on, for a server a test starts. Chosen below the
+    kernel's ephemeral range, so no outgoing connection takes it between this check and
+    the server's bind, and never handed out twice in one session. (A port from
+    ``bind(0)`` is ephemeral: any connection may take it once the check closes it.)"""
+    rng = random.SystemRandom()
+    high = _ephemeral_low()
+    for _ in range(200):
+        port = rng.randrange(10_000, high) if high > 11_000 else 0
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            port = s.getsockname()[1]
+        _HANDED_OUT.add(port)
+        return port
+    raise RuntimeError("no free loopback port found")
+
+
+def start_server(command_for, timeout: float = 30.0, attempts: int = 3):
+    """Start ``command_for(port)`` on a free port; ``(proc, port)`` once it listens. A
+    server that exits before listening (its port was taken after all) is started again
+    on another port."""
+    for attempt in range(attempts):
+        port = free_port()
+        proc = subprocess.Popen(
+            command_for(port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            wait_for_port(port, proc, timeout)
+            return proc, port
+        except RuntimeError:
+            if attempt == attempts - 1:
+                raise
+        except BaseException:
+            stop(proc)
+            raise
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -99,35 +161,45 @@ class Proxy:
 
 @contextlib.contextmanager
 def run_sim(tmp: Path, *args: str) -> Iterator[Sim]:
-    port = free_port()
-    truth = tmp / f"truth-{port}.jsonl"
-    cmd = [sys.executable, "-m", "proxy", "sim", "--port", str(port), "--truth", str(truth), *args]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def command(port: int) -> list[str]:
+        truth = tmp / f"truth-{port}.jsonl"
+        return [
+            sys.executable,
+            "-m",
+            "proxy",
+            "sim",
+            "--port",
+            str(port),
+            "--truth",
+            str(truth),
+            *args,
+        ]
+
+    proc, port = start_server(command)
     try:
-        wait_for_port(port, proc)
-        yield Sim(f"http://127.0.0.1:{port}", port, truth, proc)
+        yield Sim(f"http://127.0.0.1:{port}", port, tmp / f"truth-{port}.jsonl", proc)
     finally:
         stop(proc)
 
 
 @contextlib.contextmanager
 def run_mitmdump(tmp: Path, upstream: str, *sets: str) -> Iterator[Proxy]:
-    port = free_port()
-    log = tmp / f"events-{port}.jsonl"
-    cmd = [
-        str(MITMDUMP), "-q",
-        "-s", str(ROOT / "addons" / "crosstalk.py"),
-        "--mode", f"reverse:{upstream}",
-        "--listen-host", "127.0.0.1", "-p", str(port),
-        "--set", f"confdir={tmp / 'mitmproxy-conf'}",
-        "--set", f"crosstalk_log_file={log}",
-    ]  # fmt: skip
-    for s in sets:
-        cmd += ["--set", s]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    def command(port: int) -> list[str]:
+        cmd = [
+            str(MITMDUMP), "-q",
+            "-s", str(ROOT / "addons" / "crosstalk.py"),
+            "--mode", f"reverse:{upstream}",
+            "--listen-host", "127.0.0.1", "-p", str(port),
+            "--set", f"confdir={tmp / 'mitmproxy-conf'}",
+            "--set", f"crosstalk_log_file={tmp / f'events-{port}.jsonl'}",
+        ]  # fmt: skip
+        for s in sets:
+            cmd += ["--set", s]
+        return cmd
+
+    proc, port = start_server(command)
     try:
-        wait_for_port(port, proc)
-        yield Proxy(f"http://127.0.0.1:{port}", port, log, proc)
+        yield Proxy(f"http://127.0.0.1:{port}", port, tmp / f"events-{port}.jsonl", proc)
     finally:
         stop(proc)
 
@@ -149,15 +221,13 @@ TEST_KEY = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 def learn_commonness(path: Path, requests: int = 1500) -> None:
     """What a proxy that has run for a while knows: commonness learned from earlier
     traffic of the simulated deployment (another seed: other prompts, other data)."""
-    from proxy.config import load, load_baseline, load_vocabulary
-    from proxy.engine import Engine
-    from proxy.sim.textgen import answer_for
+    from proxy.config import load
+    from proxy.factory import build_engine
+    from proxy.sim.answers import answer_for
     from proxy.sim.workload import Workload
 
     cfg = load(None, detection__key=TEST_KEY)
-    engine = Engine(
-        cfg.engine_config(), baseline=load_baseline(None), plain_words=load_vocabulary(None)
-    )
+    engine = build_engine(cfg)
     for i, req in enumerate(Workload(tenants=24, seed=4242).requests(requests)):
         prompt = req.prompt_text()
         scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=1000.0 + i)

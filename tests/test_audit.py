@@ -15,8 +15,7 @@ import pytest
 from aiohttp import web
 from conftest import ROOT, free_port, run_sim
 
-from proxy.audit import (
-    ADVISORIES_FILE,
+from proxy.assurance.audit import (
     APPLIES,
     CHECK,
     OK,
@@ -29,6 +28,7 @@ from proxy.audit import (
     parse_version,
     version_matches,
 )
+from proxy.defaults import ADVISORIES, shipped
 
 
 def crosstalk(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -74,7 +74,7 @@ def test_version_order_and_errors() -> None:
 
 def test_shipped_advisories_are_complete_and_cited() -> None:
     db = load_advisories()
-    raw = tomllib.loads(ADVISORIES_FILE.read_text())
+    raw = tomllib.loads(shipped(ADVISORIES).read_text())
     assert len(db.advisories) == len(raw["advisory"]) >= 10
     engines = {a.engine for a in db.advisories}
     assert {"vllm", "sglang"} <= engines
@@ -95,7 +95,7 @@ def test_bad_advisories_file_is_refused(tmp_path: Path) -> None:
     bad.write_text('[[advisory]]\nid = "X-1"\nkind = "advisory"\nengine = "vllm"\n')
     with pytest.raises(AdvisoryError, match="X-1"):
         load_advisories(bad)
-    entry = dict(tomllib.loads(ADVISORIES_FILE.read_text())["advisory"][0])
+    entry = dict(tomllib.loads(shipped(ADVISORIES).read_text())["advisory"][0])
     entry["affected"] = "~1.0"
     lines = [f"{k} = {json.dumps(v)}" for k, v in entry.items() if not isinstance(v, dict)]
     bad.write_text("[[advisory]]\n" + "\n".join(lines) + "\n")

@@ -1,4 +1,4 @@
-"""Degenerate-output signal (proxy/degenerate.py, proxy/guards.py).
+"""Degenerate-output signal (proxy/engine/degenerate.py, proxy/mitm/degenerate.py).
 
 Library tests: each reason trips on the simulator's garbage and on hand-made cases, at
 any delta cut; clean answers (the simulator's prose, code, CJK; hand-written text in a
@@ -16,9 +16,9 @@ import openai
 import pytest
 from conftest import ROOT, run_mitmdump, wait_for_events
 
-from proxy.degenerate import DegenerateDetector, RateWindow
+from proxy.engine.degenerate import DegenerateDetector, RateWindow
+from proxy.sim.answers import answer_for
 from proxy.sim.faults import degenerate_text
-from proxy.sim.textgen import answer_for
 from proxy.sim.workload import Workload
 
 _spec = importlib.util.spec_from_file_location(

@@ -21,7 +21,7 @@ from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
-from proxy.engine.replayer import replay
+from proxy.engine.ordered_replay import replay
 from proxy.engine.tokens import CHAR_WEIGHT, WORD_WEIGHT, StreamTokenizer, unit_texts, units_of
 
 KEY = b"k" * 32

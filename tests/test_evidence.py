@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_sim
 
-from proxy.evidence import (
+from proxy.assurance.evidence import (
     PAGE,
     RECORD,
     SUMS,

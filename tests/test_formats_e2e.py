@@ -29,16 +29,16 @@ import traffic
 from conftest import run_mitmdump, run_sim, wait_for_events
 from traffic import Judgement, load_truth, private_words_reached_client
 
-from proxy.exchange import BLOCK_MESSAGE
+from proxy.pipeline.exchange import BLOCK_MESSAGE
 from proxy.protocols import ProtocolError, Route
+from proxy.protocols.sse import SSEDecoder
 from proxy.sim.workload import SimRequest, Workload
-from proxy.sse import SSEDecoder
 
 FORMATS = ("anthropic", "responses", "sglang", "tgi")
 REQUESTS, TENANTS = 800, 16  # 200 a format
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.15", "--seed", "5")
 MODEL = "sim-llm-1"
-# Floors below the measured figures (README, "API formats"), as in test_leaks_e2e.
+# Floors below the measured figures (docs/api-formats.md), as in test_leaks_e2e.
 MIN_RECALL, MIN_FORMAT_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.75, 0.95, 0.005
 
 

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from proxy.idle import IdleQueue
+from proxy.mitm.idle import IdleQueue
 
 
 def test_outside_a_loop_items_run_at_once():

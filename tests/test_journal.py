@@ -1,4 +1,4 @@
-"""The fingerprint journal (proxy.journal): records written, rotated, pruned and read
+"""The fingerprint journal (proxy.store.journal): records written, rotated, pruned and read
 back; another key refused; a corrupt line skipped with its position."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from conftest import TEST_KEY, run_mitmdump, run_sim, wait_for_events
 from test_records import live_traffic
 from traffic import load_truth
 
-from proxy import journal
 from proxy.engine import Engine, EngineConfig
-from proxy.engine.replayer import replay
+from proxy.engine.ordered_replay import replay
+from proxy.store import journal
 
 KEY = b"r" * 32
 

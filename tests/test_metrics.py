@@ -1,4 +1,4 @@
-"""Prometheus metrics (proxy/metrics.py): the real proxy, real clients, a real scrape.
+"""Prometheus metrics (proxy/mitm/metrics.py): the real proxy, real clients, a real scrape.
 
 ``crosstalk run --metrics-port`` in front of the simulator; traffic from the openai SDK
 (clean, degenerate, a malformed upstream answer, a canary leaked by a mis-route);

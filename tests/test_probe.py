@@ -16,8 +16,14 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TEST_KEY, Sim, free_port, run_mitmdump, run_sim
 
+from proxy.assurance.probe import (
+    Progress,
+    iban_like,
+    longest_common_run,
+    make_request,
+    make_tenants,
+)
 from proxy.engine.entities import iter_entity_keys
-from proxy.probe import Progress, iban_like, longest_common_run, make_request, make_tenants
 from proxy.sim.faults import extract_entities, luhn_valid
 
 

@@ -23,8 +23,8 @@ from proxy.protocols.anthropic import (
 )
 from proxy.protocols.anthropic import route_for as anthropic_route
 from proxy.protocols.openai import OutputDelta, ProtocolError
+from proxy.protocols.sse import SSEDecoder, SSEEvent
 from proxy.sim import formats
-from proxy.sse import SSEDecoder, SSEEvent
 from proxy.tenants import TenantRules, api_key_of, resolve_tenant
 
 STREAM_EVENTS = pydantic.TypeAdapter(RawMessageStreamEvent)

@@ -21,7 +21,7 @@ from proxy.protocols.openai import (
     parse_response,
     route_for,
 )
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.protocols.sse import SSEDecoder, SSEEvent
 
 
 def body(obj: Any) -> bytes:

@@ -9,11 +9,11 @@ import orjson
 import pytest
 
 from proxy.engine import Engine, EngineConfig
-from proxy.exchange import BLOCK_MESSAGE, Enforcement, ExchangeMonitor
+from proxy.pipeline.exchange import BLOCK_MESSAGE, Enforcement, ExchangeMonitor
 from proxy.protocols import APIS, Route, as_route, route_for
 from proxy.protocols import openai as openai_api
+from proxy.protocols.sse import SSEDecoder
 from proxy.sim import formats
-from proxy.sse import SSEDecoder
 
 PRIVATE = (
     "Invoice 77120 for Bellwether Marine covers hull repairs at Dock 14 in Gdansk and the "
@@ -190,7 +190,7 @@ def test_forensic_replay_scans_every_format():
     from mitmproxy.http import Headers
 
     from proxy.config import Config
-    from proxy.replay import ExchangeRecord, RecordedResponse, Replayer
+    from proxy.forensics.replayer import ExchangeRecord, RecordedResponse, Replayer
     from proxy.tenants import TenantRules
 
     found: list[tuple[str, str, str]] = []

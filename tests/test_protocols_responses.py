@@ -25,8 +25,8 @@ from proxy.protocols.responses import (
     parse_response,
 )
 from proxy.protocols.responses import route_for as responses_route
+from proxy.protocols.sse import SSEDecoder, SSEEvent
 from proxy.sim import formats
-from proxy.sse import SSEDecoder, SSEEvent
 
 STREAM_EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 

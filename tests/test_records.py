@@ -8,10 +8,10 @@ import random
 import numpy as np
 
 from proxy.engine import Engine, EngineConfig
+from proxy.engine.ordered_replay import replay
 from proxy.engine.records import OutputRecord, PromptRecord
-from proxy.engine.replayer import replay
+from proxy.sim.answers import answer_for
 from proxy.sim.faults import FaultInjector
-from proxy.sim.textgen import answer_for
 from proxy.sim.workload import Workload
 
 KEY = b"r" * 32

@@ -43,10 +43,10 @@ from mitmproxy.io import FlowReader, FlowWriter
 from mitmproxy.test import tflow
 from traffic import Result, judge, load_truth, run_workload
 
-from proxy.capture import CHUNKS_KEY, OBSERVED_KEY
 from proxy.cli import main as cli_main
-from proxy.readers import open_input, read_records
-from proxy.report import GDPR_HOURS
+from proxy.forensics.readers import open_input, read_records
+from proxy.forensics.report import GDPR_HOURS
+from proxy.mitm.capture import CHUNKS_KEY, OBSERVED_KEY
 
 TENANTS, REQUESTS = 12, 240
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.15", "--seed", "5")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -29,12 +28,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import TEST_KEY, read_events
+from conftest import TEST_KEY, missing_tool, read_events
 
 from proxy.cli import main as cli_main
+from proxy.sim.answers import answer_for
 from proxy.sim.faults import FaultInjector
 from proxy.sim.server import _Exchange, full_body, stream_events, stream_pieces
-from proxy.sim.textgen import answer_for
 from proxy.sim.workload import Workload
 
 BROWSER_TIMEOUT = 60.0  # seconds for one headless page load
@@ -51,9 +50,7 @@ def chromium() -> str:
         "chromium is not installed (Debian/Ubuntu: apt-get install chromium; "
         "make test installs it with scripts/ensure-chromium.sh)"
     )
-    if os.environ.get("CI"):
-        pytest.fail(f"CI: {message}")
-    pytest.skip(message)
+    missing_tool(message)
 
 
 def write_capture(path: Path, n: int = 60) -> None:

@@ -1,4 +1,4 @@
-"""Shadow mode defers the engine's work (proxy/idle.py): chunks go out at once, the
+"""Shadow mode defers the engine's work (proxy/mitm/idle.py): chunks go out at once, the
 scan runs later in order, and what reads the outcome waits for it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Generator
 from test_enforce import PRIVATE, chunk_event, sse_stream
 
 from proxy.engine import Engine, EngineConfig
-from proxy.exchange import ExchangeMonitor
+from proxy.pipeline.exchange import ExchangeMonitor
 
 
 def shadow_monitor(engine: Engine, deferred: list, findings: list) -> ExchangeMonitor:

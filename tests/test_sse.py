@@ -1,4 +1,4 @@
-"""Tests for proxy.sse: spec behaviour, chunk-split invariance and linear cost."""
+"""Tests for proxy.protocols.sse: spec behaviour, chunk-split invariance and linear cost."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.sse import SSEDecoder, SSEEvent
+from proxy.protocols.sse import SSEDecoder, SSEEvent
 
 
 def decode(*chunks: bytes) -> tuple[list[SSEEvent], bool]:

@@ -16,10 +16,10 @@ import openai
 
 from proxy.engine.entities import extract_entities
 from proxy.protocols.openai import StreamParser, parse_response
+from proxy.protocols.sse import SSEDecoder
 from proxy.sim.faults import PAGE_KINDS
 from proxy.sim.oracle import Observed, PrivacyOracle, shingles
 from proxy.sim.workload import SimRequest, Workload
-from proxy.sse import SSEDecoder
 
 TARGET_PAGE_KINDS = PAGE_KINDS
 

@@ -1,5 +1,5 @@
 """``crosstalk audit``: identify the engine behind a URL and check it against public
-isolation advisories (``config/advisories.toml``)."""
+isolation advisories (``proxy/defaults/advisories.toml``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import sys
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="engine or crosstalk proxy base URL")
-    p.add_argument("--advisories", help="advisories file (default: config/advisories.toml)")
+    p.add_argument(
+        "--advisories", help="advisories file (default: the shipped proxy/defaults/advisories.toml)"
+    )
     p.add_argument(
         "--assume",
         action="append",
@@ -25,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Exit status: 0 no advisory applies, 1 one applies, 2 target or engine unknown."""
-    from ..audit import (
+    from proxy.assurance.audit import (
         APPLIES,
         AdvisoryError,
         assess,
@@ -53,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         status, verdict = 0, "no advisory applies"
     print(f"verdict:  {verdict.upper()}")
     if args.evidence:
-        from ..evidence import EvidenceError, new_record, write_evidence
+        from proxy.assurance.evidence import EvidenceError, new_record, write_evidence
 
         body = audit_record(ident, assessments, db, assumed)
         body.update(verdict=verdict, exit_status=status)

@@ -31,9 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Exit status: 0 no contamination, 1 contamination found, 2 error or inconclusive."""
-    from ..audit import AdvisoryError, assess, identify, load_advisories
-    from ..config import ConfigError, load
-    from ..probe import (
+    from proxy.assurance.audit import AdvisoryError, assess, identify, load_advisories
+    from proxy.assurance.probe import (
         ProbeError,
         ProbeParams,
         Progress,
@@ -42,6 +41,7 @@ def main(args: argparse.Namespace) -> int:
         render,
         run_probe,
     )
+    from proxy.config import ConfigError, load
 
     params = ProbeParams(
         target=args.target,
@@ -72,7 +72,7 @@ def main(args: argparse.Namespace) -> int:
     sys.stdout.write(render(result, engine_line))
     status = 1 if result.contaminated else 2 if result.inconclusive else 0
     if args.evidence:
-        from ..evidence import EvidenceError, new_record, sha256, write_evidence
+        from proxy.assurance.evidence import EvidenceError, new_record, sha256, write_evidence
 
         body = probe_record(result)
         body["identification"] = ident.to_json()

@@ -1,8 +1,8 @@
 """``crosstalk replay FILE...``: find leaks after the fact in captured traffic.
 
 Exit status: 0 no leak found, 1 leaks found, 2 unusable arguments or unreadable input.
-The work is in ``proxy.forensics`` (job), ``proxy.replay`` (driver), ``proxy.readers``
-(formats) and ``proxy.report``.
+The work is in ``proxy.forensics.job`` (job), ``proxy.forensics.replayer`` (driver), ``proxy.forensics.readers``
+(formats) and ``proxy.forensics.report``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..config import ConfigError, load
+from proxy.config import ConfigError, load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,8 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..forensics import JobError, ReplayJob, parse_window, run_job
-    from ..replay import DEFAULT_SORT_BUFFER
+    from proxy.forensics.job import JobError, ReplayJob, parse_window, run_job
+    from proxy.forensics.replayer import DEFAULT_SORT_BUFFER
 
     try:
         window = parse_window(args.window) if args.window else None

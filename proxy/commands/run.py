@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import sys
 
-from ..config import ConfigError, load
+from proxy.config import ConfigError, load
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="PORT",
         help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics ([metrics] host to "
-        'change the address; README "Metrics")',
+        'change the address; docs/operations.md, "Metrics")',
     )
     p.add_argument(
         "--capture",
@@ -59,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..runner import RunRequest, serve
-    from ..sim.server import SimConfig
+    from proxy.mitm.runner import RunRequest, serve
+    from proxy.sim.server import SimConfig
 
     try:
         config = load(

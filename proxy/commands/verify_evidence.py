@@ -12,7 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Exit status: 0 every record intact, 1 a record fails, 2 no record found."""
-    from ..evidence import find_records, verify
+    from proxy.assurance.evidence import find_records, verify
 
     directories = find_records(args.directory)
     if not directories:

@@ -8,6 +8,14 @@ for delta in stream:
 scan.finish()
 """
 
-from .detector import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, ResponseScan
+from proxy.engine.detector import (
+    CANARY,
+    ENTITY,
+    FRAGMENT,
+    Engine,
+    EngineConfig,
+    Finding,
+    ResponseScan,
+)
 
 __all__ = ["CANARY", "ENTITY", "FRAGMENT", "Engine", "EngineConfig", "Finding", "ResponseScan"]

@@ -31,11 +31,17 @@ from itertools import accumulate, islice
 
 import numpy as np
 
-from .entities import EntityIndex, EntityScanner, extract_entities, fold, iter_entity_keys
-from .fingerprint import Hasher, StreamWinnower, winnow
-from .index import CommonnessSketch, FingerprintIndex, PairFilter
-from .records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
-from .tokens import StreamTokenizer, UnitBatch, unit_texts
+from proxy.engine.entities import (
+    EntityIndex,
+    EntityScanner,
+    extract_entities,
+    fold,
+    iter_entity_keys,
+)
+from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
+from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
+from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
+from proxy.engine.tokens import StreamTokenizer, UnitBatch, unit_texts
 
 #: Fingerprints of a prompt classified per step of ``Engine.observe_prompt_steps``.
 OBSERVE_STEP = 128
@@ -55,11 +61,11 @@ FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    """Detection parameters. Defaults are tuned on ``bench/quality.py`` (README)."""
+    """Detection parameters. Defaults are tuned on ``bench/quality.py`` (docs/benchmarks.md)."""
 
     key: bytes | None = None  # fingerprint key; None generates one at start
     k: int = 4  # units per shingle
-    winnow_window: int = 1  # 1 keeps every k-gram (see README for the trade)
+    winnow_window: int = 1  # 1 keeps every k-gram (docs/detection.md explains the trade)
     min_run_words: float = 8.0  # contiguous foreign run that makes a fragment finding
     # A run made only of plain words (which most tenants use) must be this many times
     # longer. From a prompt: 1, a user's own words are private even when plain (no
@@ -169,7 +175,7 @@ class Engine:
 
     def add_plain_words(self, words: Iterable[str]) -> None:
         """Words (or characters) of a language that are never distinctive on their own:
-        the cold-start prior of the learned vocabulary (``config/vocabulary/``)."""
+        the cold-start prior of the learned vocabulary (``proxy/defaults/vocabulary/``)."""
         self.vocabulary.add_plain(self.hasher.unit(u) for w in words for u in unit_texts(w))
 
     def add_baseline(self, text: str) -> None:

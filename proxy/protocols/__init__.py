@@ -1,7 +1,7 @@
 """Wire-protocol parsers for LLM serving APIs, and the registry that picks one per request.
 
 Each submodule turns request bodies into prompt text and response bodies (whole or streamed as
-:class:`proxy.sse.SSEEvent` objects) into output text. They are pure: no I/O, no mitmproxy, no
+:class:`proxy.protocols.sse.SSEEvent` objects) into output text. They are pure: no I/O, no mitmproxy, no
 detection logic, so they can be tested and benchmarked on their own.
 
 =================  ===========================================  ==========================
@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol
 
-from ..sse import SSEEvent
-from . import anthropic, openai, responses, textgen
-from .openai import OutputDelta, ParsedRequest, ProtocolError
+from proxy.protocols import anthropic, openai, responses
+from proxy.protocols import generate as textgen
+from proxy.protocols.openai import OutputDelta, ParsedRequest, ProtocolError
+from proxy.protocols.sse import SSEEvent
 
 __all__ = [
     "APIS",

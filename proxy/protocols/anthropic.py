@@ -34,9 +34,7 @@ from typing import Any
 
 import orjson
 
-from proxy.sse import SSEEvent
-
-from .openai import (
+from proxy.protocols.openai import (
     MALFORMED,
     OutputDelta,
     ParsedRequest,
@@ -47,6 +45,7 @@ from .openai import (
     _Shape,
     event_object,
 )
+from proxy.protocols.sse import SSEEvent
 
 __all__ = [
     "StreamParser",

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
-from proxy.sse import SSEEvent
+from proxy.protocols.sse import SSEEvent
 
 __all__ = [
     "OutputDelta",

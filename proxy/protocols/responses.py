@@ -37,10 +37,8 @@ from typing import Any
 
 import orjson
 
-from proxy.sse import SSEEvent
-
-from . import openai
-from .openai import (
+from proxy.protocols import openai
+from proxy.protocols.openai import (
     MALFORMED,
     OutputDelta,
     ParsedRequest,
@@ -51,6 +49,7 @@ from .openai import (
     _Shape,
     event_object,
 )
+from proxy.protocols.sse import SSEEvent
 
 __all__ = [
     "StreamParser",

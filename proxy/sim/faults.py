@@ -1,6 +1,6 @@
 """Fault injection: the simulator's stand-in for a serving engine with KV-cache bugs.
 
-Each fault reproduces one leak shape seen in public reports (NOTES.md section 1): a page of
+Each fault reproduces one leak shape seen in public reports (docs/background.md, "What a leak looks like"): a page of
 another request's prompt or output spliced into the answer, another user's entities, a whole
 mis-routed response, or a corrupted page that degenerates into garbage. Every injected fault
 is written as one JSON line to a truth file, so detectors can be scored against it.
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from proxy.sim.textgen import count_units, is_mostly_cjk, question_part, split_units
+from proxy.sim.answers import count_units, is_mostly_cjk, question_part, split_units
 
 FAULT_KINDS: tuple[str, ...] = ("prompt_page", "output_page", "entities", "misroute", "degenerate")
 # Not in the default mix (the e2e tests' floors were measured without it): a prompt page

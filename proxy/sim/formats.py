@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from proxy.sim.textgen import count_units, question_part
+from proxy.sim.answers import count_units, question_part
 
 
 class FormatError(ValueError):

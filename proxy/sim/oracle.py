@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..engine.tokens import WORD_WEIGHT, units_of, words_in
+from proxy.engine.tokens import WORD_WEIGHT, units_of, words_in
 
 ORACLE_K = 4
 

@@ -1,7 +1,7 @@
 """The simulated LLM engine (aiohttp), with leak injection and misbehaviour hooks.
 
 It stands in for vLLM/SGLang in tests, benchmarks and demos: deterministic answers
-(textgen), cross-tenant leaks injected at a configurable rate with a JSON-lines truth file
+(answers), cross-tenant leaks injected at a configurable rate with a JSON-lines truth file
 (faults), streaming that goes out event by event like a real engine, and header-selected
 misbehaviour (truncated streams, error events, gzip bodies, 500s) for the proxy's
 bad-input tests.
@@ -33,8 +33,7 @@ from typing import Any
 from aiohttp import web
 
 from proxy.sim import formats
-from proxy.sim.faults import FAULT_KINDS, FaultInjector
-from proxy.sim.textgen import (
+from proxy.sim.answers import (
     answer_for,
     count_units,
     prompt_seed,
@@ -42,6 +41,7 @@ from proxy.sim.textgen import (
     split_units,
     truncate_units,
 )
+from proxy.sim.faults import FAULT_KINDS, FaultInjector
 
 MISBEHAVIOURS = ("nonjson", "truncate", "error-event", "gzip", "status500", "slow")
 # Misbehaviours after which the answer does not reach the client in full.

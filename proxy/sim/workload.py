@@ -1,6 +1,6 @@
 """Realistic multi-tenant chat traffic for benchmarks, tests and the probe.
 
-Clean traffic overlaps between tenants all the time (NOTES.md section 2): one app's system
+Clean traffic overlaps between tenants all the time (docs/background.md, "Shared text that is not a leak"): one app's system
 prompt sent by many customers, public documents pasted by several tenants, popular questions
 asked verbatim, code boilerplate, multi-turn conversations that quote the model's own answers,
 and tenants repeating themselves. A leak detector must stay quiet on all of that while still
@@ -17,7 +17,7 @@ import string
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from proxy.sim.textgen import answer_for, expand
+from proxy.sim.answers import answer_for, expand
 
 # --- Mix rates (fractions of all requests unless stated otherwise) -------------------------
 SHARED_SYSTEM_RATE = 0.80  # request carries its app's shared system prompt

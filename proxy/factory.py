@@ -1,0 +1,32 @@
+"""The engine and tenant rules a configuration describes: one factory for the live
+proxy, the detector process, ``crosstalk replay`` and the benchmarks, so all detect alike.
+"""
+
+from __future__ import annotations
+
+from proxy.config import Config, ConfigError
+from proxy.defaults import load_baseline, load_vocabulary
+from proxy.engine import Engine, EngineConfig
+from proxy.tenants import TenantRules
+
+
+def build_engine(config: Config, engine_config: EngineConfig | None = None) -> Engine:
+    """The engine ``config`` describes, with its baseline and plain vocabulary
+    (``detection.baseline_dir``/``vocabulary_dir``, else the shipped ones).
+    ``engine_config`` replaces the parameters the configuration gives (the probe uses a
+    fresh key). Raises ConfigError for a configured directory that does not exist."""
+    try:
+        baseline = load_baseline(config.detection.baseline_dir)
+        vocabulary = load_vocabulary(config.detection.vocabulary_dir)
+    except ValueError as e:
+        raise ConfigError(f"detection: {e}") from e
+    return Engine(
+        engine_config or config.engine_config(), baseline=baseline, plain_words=vocabulary
+    )
+
+
+def tenant_rules(config: Config, secret: bytes) -> TenantRules:
+    """How requests are attributed to tenants; ``secret`` keys the pseudonyms of
+    unmapped API keys (the engine's key, so they are stable under a fixed key)."""
+    t = config.tenants
+    return TenantRules(sources=t.sources, header=t.header, api_keys=dict(t.api_keys), secret=secret)

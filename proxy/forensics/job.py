@@ -1,0 +1,310 @@
+"""``crosstalk replay`` as a job: inputs -> the replayer -> event log and report.
+
+``run_job`` opens every input and the event log first (a bad argument or unreadable
+file stops it before anything is replayed: ``JobError``, exit status 2), builds the
+engine and tenant rules exactly as the live proxy does (``factory.build_engine``,
+``factory.tenant_rules``, the learned state loaded read only), replays the merged inputs
+(``proxy.forensics.replayer``), logs what the live proxy logs for the same findings with ``action:
+"replayed"``, and writes the incident report (``proxy.forensics.report``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from proxy.config import Config
+from proxy.engine import Engine, Finding
+from proxy.engine.ordered_replay import RecordReplayer, ReplayedFinding
+from proxy.engine.records import OutputRecord
+from proxy.eventlog import make_logger
+from proxy.factory import build_engine, tenant_rules
+from proxy.forensics.readers import InputError, InputFile, Skipped, open_input, read_records
+from proxy.forensics.replayer import (
+    DEFAULT_SORT_BUFFER,
+    ExchangeRecord,
+    Replayer,
+    ReplayStats,
+    merge_inputs,
+)
+from proxy.forensics.report import REPORT_SUFFIXES, IncidentBook, build_report, iso, write_report
+from proxy.pipeline.exchange import ExchangeMonitor, leak_event_fields
+from proxy.store import journal
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_window(text: str) -> float:
+    """``600``, ``90s``, ``30m``, ``2h``, ``3d`` -> seconds (> 0). Raises ValueError."""
+    value = text.strip().lower()
+    unit = _UNITS.get(value[-1:])
+    number = value[:-1] if unit is not None else value
+    try:
+        seconds = float(number) * (unit or 1.0)
+    except ValueError:
+        raise ValueError(f"window must be seconds or a number with s/m/h/d: {text!r}") from None
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"window must be > 0: {text!r}")
+    return seconds
+
+
+class Progress:
+    """One self-rewriting status line on a terminal (at most 5 redraws a second)."""
+
+    def __init__(self, stream: IO[str], sources: list[InputFile]) -> None:
+        self.stream = stream
+        self.sources = sources
+        self.total = sum(s.size for s in sources) or 1
+        self.started = time.monotonic()
+        self._last = 0.0
+        self._shown = False
+
+    def update(self, stats: ReplayStats, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < 0.2:
+            return
+        self._last = now
+        done = sum(s.progress() for s in self.sources)
+        rate = stats.records / max(now - self.started, 1e-9)
+        width = 24
+        filled = int(width * min(1.0, done / self.total))
+        self.stream.write(
+            f"\r\x1b[K[{'#' * filled}{'.' * (width - filled)}] {100 * done / self.total:5.1f}% "
+            f"{done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB  {stats.records:,} records "
+            f"({rate:,.0f}/s)  {stats.findings:,} findings"
+        )
+        self.stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        """Erase the line (before anything else is written to the terminal)."""
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
+@dataclass
+class ReplayJob:
+    """Everything ``crosstalk replay`` was asked to do (validated by ``prepare``)."""
+
+    paths: list[str]
+    config: Config
+    log_file: str | None = None  # None: stderr
+    log_level: str = "info"
+    reports: list[str] = field(default_factory=list)  # .json, .md, .html
+    state: str | None = None  # learned state to start from; None: the config's; "none": cold
+    sort_buffer: int = DEFAULT_SORT_BUFFER
+    fmt: str = "auto"
+    progress: bool = False  # draw a progress line on stderr
+
+
+@dataclass
+class ReplayOutcome:
+    stats: ReplayStats
+    skipped: int
+    incidents: int
+    seconds: float
+
+
+class JobError(Exception):
+    """The job cannot run: unusable arguments or unreadable input (exit status 2)."""
+
+
+class EventSink:
+    """The replayer's reports, as the live proxy's: ``leak.detected`` events (with
+    ``action: "replayed"`` and the recorded time), ``detector.error``, plus replay's own
+    ``replay.skipped`` / ``replay.failed``; findings also go to the incident book."""
+
+    def __init__(self, log: Any, book: IncidentBook, progress: Progress | None) -> None:
+        self.log = log
+        self.book = book
+        self.progress = progress
+        self.skipped: list[Skipped] = []
+        self.skipped_count = 0
+
+    def _quiet(self) -> None:
+        if self.progress is not None:
+            self.progress.clear()
+
+    def finding(
+        self, monitor: ExchangeMonitor, finding: Finding, when: float, record: ExchangeRecord
+    ) -> None:
+        fields = monitor.leak_fields(finding)  # never the text, whatever the config says
+        fields["action"] = "replayed"
+        fields["recorded_at"] = iso(when, "milliseconds")
+        fields["capture"] = record.position
+        self._quiet()
+        self.log.warning("leak.detected", **fields)
+        self.book.add(fields, when)
+
+    def journal_finding(self, found: ReplayedFinding, position: str) -> None:
+        """A finding of a replayed fingerprint journal (no monitor: keyed records)."""
+        fields = leak_event_fields(found.request_id, found.tenant, found.finding, "replayed")
+        fields["recorded_at"] = iso(found.time, "milliseconds")
+        fields["capture"] = position
+        self._quiet()
+        self.log.warning("leak.detected", **fields)
+        self.book.add(fields, found.time)
+
+    def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None:
+        self._quiet()
+        self.log.error(
+            "detector.error",
+            request_id=monitor.request_id,
+            tenant=monitor.tenant,
+            reason=monitor.detector_error,
+            action="replayed",
+            capture=record.position,
+        )
+
+    def failure(self, position: str, reason: str) -> None:
+        self._quiet()
+        self.log.error("replay.failed", capture=position, reason=reason)
+
+    def skip(self, skipped: Skipped) -> None:
+        self.skipped_count += 1
+        if len(self.skipped) < 100:
+            self.skipped.append(skipped)
+        self._quiet()
+        self.log.warning(
+            "replay.skipped",
+            path=skipped.path,
+            record=skipped.record,
+            offset=skipped.offset,
+            reason=skipped.reason,
+        )
+        print(f"crosstalk replay: skipped {skipped.position}: {skipped.reason}", file=sys.stderr)
+
+
+def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
+    """Open every input and the event log up front, so that bad arguments or an
+    unreadable file stop the job before anything is replayed. Raises JobError.
+    Fingerprint journals are not opened here (``replay_journal`` checks them)."""
+    for report in job.reports:
+        if Path(report).suffix.lower() not in REPORT_SUFFIXES:
+            raise JobError(f"--report must end in one of {', '.join(REPORT_SUFFIXES)}: {report}")
+    if job.sort_buffer < 1:
+        raise JobError("--sort-buffer must be >= 1")
+    if job.state not in (None, "none") and not Path(job.state).is_file():
+        raise JobError(f"--state {job.state}: no such file")
+    journals = [p for p in job.paths if journal.is_journal(p)]
+    if journals and len(journals) != len(job.paths):
+        raise JobError(
+            "fingerprint journals and captured traffic cannot be replayed together "
+            "(the engine replays its own records, captures go through the proxy's path): "
+            "replay them separately"
+        )
+    sources: list[InputFile] = []
+    try:
+        for path in [] if journals else job.paths:
+            sources.append(open_input(path, job.fmt))
+    except InputError as e:
+        for source in sources:
+            source.close()
+        raise JobError(str(e)) from e
+    try:
+        log = make_logger(job.log_file, job.log_level)
+    except (OSError, ValueError) as e:
+        for source in sources:
+            source.close()
+        raise JobError(f"--log-file {job.log_file}: {e}") from e
+    return sources, log
+
+
+def run_job(job: ReplayJob) -> ReplayOutcome:
+    """Replay ``job``'s inputs, log the findings and write the report."""
+    sources, log = prepare(job)
+    started = time.monotonic()
+    engine = build_engine(job.config)
+    rules = tenant_rules(job.config, engine.hasher.key)
+    state = job.config.detection.state_file if job.state is None else job.state
+    if state and state != "none":
+        try:
+            engine.load_commonness(state)  # read only: replay never writes the state
+            log.info("state.loaded", path=state)
+        except FileNotFoundError:
+            log.info("state.absent", path=state, detail="replaying from a cold engine")
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("state.unusable", path=state, reason=str(e))
+    engine_config = engine.config
+    log.info(
+        "replay.started",
+        inputs=[f"{s.name} ({s.format})" for s in sources] or [f"{p} (journal)" for p in job.paths],
+        key_id=engine.hasher.key_id,
+        k=engine_config.k,
+        window_seconds=engine_config.window_seconds,
+    )
+    book = IncidentBook()
+    if not sources:
+        sink = EventSink(log, book, None)
+        stats = replay_journal(job.paths, engine, sink)
+    else:
+        progress = Progress(sys.stderr, sources) if job.progress else None
+        sink = EventSink(log, book, progress)
+        replayer = Replayer(
+            engine, rules, job.config, sink, on_progress=progress.update if progress else None
+        )
+        try:
+            streams = [read_records(s, sink.skip) for s in sources]
+            stats = replayer.run(merge_inputs(streams, job.sort_buffer))
+        finally:
+            if progress is not None:
+                progress.update(replayer.stats, force=True)
+                progress.clear()
+            for source in sources:
+                source.close()
+    seconds = time.monotonic() - started
+    summary = {
+        "inputs": [s.name for s in sources] or list(job.paths),
+        "traffic_from": iso(stats.first_time),
+        "traffic_to": iso(stats.last_time),
+        **{k: v for k, v in asdict(stats).items() if k not in ("first_time", "last_time")},
+        "skipped": sink.skipped_count,
+        "skipped_records": [{"position": s.position, "reason": s.reason} for s in sink.skipped],
+        "window_seconds": engine_config.window_seconds,
+        "key_id": engine.hasher.key_id,
+        "seconds": round(seconds, 3),
+    }
+    log.info("replay.finished", **{k: v for k, v in summary.items() if k != "skipped_records"})
+    if job.reports:
+        report = build_report(book, summary)
+        for path in job.reports:
+            write_report(path, report)
+    return ReplayOutcome(stats, sink.skipped_count, len(book.incidents), seconds)
+
+
+def replay_journal(paths: list[str], engine: Engine, sink: EventSink) -> ReplayStats:
+    """Replay fingerprint journals through ``engine`` (its key must be the journal's):
+    the findings live shadow mode made, from keyed records alone. Raises JobError when a
+    segment is of another key or format; a corrupt line is skipped with its position."""
+    key_id, k = engine.hasher.key_id, engine.config.k
+    try:
+        journal.check(paths, key_id, k)
+    except journal.JournalError as e:
+        raise JobError(str(e)) from e
+    stats = ReplayStats()
+    replayer = RecordReplayer(engine)
+    where = ", ".join(paths)
+
+    def skip(corrupt: journal.Corrupt) -> None:
+        sink.skip(Skipped(corrupt.path, corrupt.line, None, corrupt.reason))
+
+    def report(findings: list[ReplayedFinding]) -> None:
+        for found in findings:
+            stats.findings += 1
+            sink.journal_finding(found, where)
+
+    for record in journal.read(paths, key_id, k, skip):
+        stats.records += 1
+        if isinstance(record, OutputRecord):
+            stats.exchanges += 1
+        if stats.first_time is None:
+            stats.first_time = record.time
+        stats.last_time = max(stats.last_time or record.time, record.time)
+        report(replayer.push(record))
+    report(replayer.close())
+    return stats

@@ -1,0 +1,347 @@
+"""Forensic replay: recorded traffic through the live detector, in recorded time order.
+
+``crosstalk replay`` feeds captured exchanges (``proxy.forensics.readers``) to the same engine,
+tenant rules and ``ExchangeMonitor`` as the live proxy in shadow mode, so it makes the
+findings live shadow mode made (or would have made) on that traffic.
+
+Live, a request's prompt is observed when the request reaches the proxy, and its
+response is scanned as it streams, so concurrent exchanges interleave: a prompt that
+arrives while another response is streaming is already known to the rest of that
+stream. Replay keeps that order. It is a small discrete-event simulation: every record
+is a generator of steps, each step says at which recorded time it runs next, and a heap
+runs the steps of all open exchanges in time order. A streamed body is fed in the
+chunks it arrived in, at their arrival times, when the capture recorded them
+(``crosstalk run --capture``); otherwise (``mitmdump -w``, HAR, JSON lines) it is cut
+into its SSE events, paced evenly between the response's first and last byte.
+
+Input: several files, each roughly in time order (a mitmdump flow file is in order of
+response end), are each sorted within a bounded buffer of records and merged with a
+heap, so memory is bounded by the buffer and the open exchanges, not by the input size.
+A record older than one already replayed (out of order beyond the buffer) is replayed
+late and counted.
+
+Other record types plug in here (a fingerprint journal): anything with ``time``,
+``position`` and a ``steps(replayer)`` generator, yielded in time order by its reader.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from mitmproxy.net import encoding as http_encoding
+
+from proxy.config import Config
+from proxy.engine import Engine, Finding
+from proxy.pipeline.exchange import ExchangeMonitor
+from proxy.protocols import ProtocolError, route_for
+from proxy.protocols.sse import SSEFramer
+from proxy.tenants import HeaderView, TenantRules, request_id_of, resolve_tenant
+
+#: Records sorted per input file before the merge (``--sort-buffer``), and the body
+#: bytes they may hold together: whichever bound is reached first releases the oldest.
+DEFAULT_SORT_BUFFER = 1024
+SORT_BUFFER_BYTES = 64 << 20
+#: Compressed streams cannot be cut into events: they are paced in pieces of this size.
+COMPRESSED_PIECE = 4096
+
+
+class ReplayRecord(Protocol):
+    """One unit of recorded traffic. ``steps`` runs it: each value it yields is the
+    recorded time at which it wants to continue (the replayer resumes it then)."""
+
+    time: float  # when it reached the proxy: the merge key
+    position: str  # where it was read (file and record), for messages
+
+    def steps(self, replayer: Replayer) -> Iterator[float]: ...
+
+
+@dataclass(slots=True)
+class RecordedResponse:
+    """A response as the proxy received it from upstream."""
+
+    status: int
+    headers: HeaderView
+    body: bytes  # as received, still content-encoded (``content-encoding`` header)
+    start: float  # first byte (epoch seconds)
+    end: float  # last byte, or when the exchange broke off
+    complete: bool = True  # False: the exchange ended in an error before the end
+    chunks: list[tuple[int, float]] | None = None  # streamed: (size, arrival) as received
+
+
+@dataclass(slots=True)
+class ExchangeRecord:
+    """One recorded HTTP exchange, whatever file format it came from."""
+
+    time: float  # the request reached the proxy (epoch seconds)
+    position: str
+    method: str
+    path: str
+    headers: HeaderView  # request headers (case-insensitive ``get``)
+    body: bytes  # request body, decoded
+    response: RecordedResponse | None  # None: the exchange failed before a response
+    fallback_id: str  # request id when the headers carry none (stable across runs)
+    tenant: str | None = None  # given by the record itself; else the tenant rules decide
+    end: float | None = None  # when an exchange without response failed
+
+    def steps(self, replayer: Replayer) -> Iterator[float]:
+        return replayer.exchange_steps(self)
+
+    @property
+    def nbytes(self) -> int:
+        """Body bytes held (what bounds the sort buffer)."""
+        return len(self.body) + (len(self.response.body) if self.response else 0)
+
+
+@dataclass(slots=True)
+class ReplayStats:
+    records: int = 0  # records replayed (any kind)
+    exchanges: int = 0  # LLM exchanges scanned
+    passthrough: int = 0  # not an LLM call: passed untouched live, skipped here
+    rejected: int = 0  # no tenant and ``tenants.unknown = "reject"``
+    unparsed: int = 0  # request body not a valid API request (response still scanned)
+    detector_errors: int = 0  # exchanges the detector could not scan (fail open live)
+    findings: int = 0
+    late: int = 0  # records older than one already replayed (beyond the sort buffer)
+    failures: int = 0  # unexpected errors while replaying a record (reported, skipped)
+    first_time: float | None = None
+    last_time: float | None = None
+
+
+class ReplaySink(Protocol):
+    """Where the replayer reports (the command: event log, report, progress)."""
+
+    def finding(
+        self, monitor: ExchangeMonitor, finding: Finding, when: float, record: ExchangeRecord
+    ) -> None: ...
+
+    def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None: ...
+
+    def failure(self, position: str, reason: str) -> None: ...
+
+
+def time_ordered[R: ReplayRecord](
+    records: Iterable[R], buffer: int = DEFAULT_SORT_BUFFER, max_bytes: int = SORT_BUFFER_BYTES
+) -> Iterator[R]:
+    """``records`` sorted by time within a sliding buffer of ``buffer`` records (and at
+    most ``max_bytes`` of bodies): exact for inputs whose records are never more than
+    that many places out of order."""
+    heap: list[tuple[float, int, R]] = []
+    seq = itertools.count()
+    held = 0
+    for record in records:
+        heapq.heappush(heap, (record.time, next(seq), record))
+        held += getattr(record, "nbytes", 0)
+        while len(heap) > buffer or (held > max_bytes and len(heap) > 1):
+            released = heapq.heappop(heap)[2]
+            held -= getattr(released, "nbytes", 0)
+            yield released
+    while heap:
+        yield heapq.heappop(heap)[2]
+
+
+def merge_inputs[R: ReplayRecord](
+    inputs: Iterable[Iterable[R]], buffer: int = DEFAULT_SORT_BUFFER
+) -> Iterator[R]:
+    """One time-ordered stream of several inputs: each sorted within its buffer, then
+    heap-merged (lazily: one pending record per input)."""
+    return heapq.merge(*(time_ordered(i, buffer) for i in inputs), key=lambda r: r.time)
+
+
+def paced_pieces(response: RecordedResponse) -> Iterator[tuple[float, bytes]]:
+    """A streamed body as the proxy received it, with arrival times: the recorded chunks
+    when the capture has them (``crosstalk run --capture``); else its SSE events (pieces
+    of ``COMPRESSED_PIECE`` bytes when compressed) evenly paced between the response's
+    first and last byte."""
+    body = response.body
+    if not body:
+        return
+    chunks = response.chunks
+    if chunks and sum(size for size, _ in chunks) == len(body):
+        offset = 0
+        for size, when in chunks:
+            yield when, body[offset : offset + size]
+            offset += size
+        return
+    encoding = (response.headers.get("content-encoding") or "identity").strip().lower()
+    if encoding in ("", "identity", "none"):
+        framer = SSEFramer()
+        pieces = framer.feed(body)
+        if rest := framer.close():
+            pieces.append(rest)
+    else:
+        pieces = [body[i : i + COMPRESSED_PIECE] for i in range(0, len(body), COMPRESSED_PIECE)]
+    span, done = max(0.0, response.end - response.start), 0
+    for piece in pieces:
+        done += len(piece)
+        yield response.start + span * done / len(body), piece
+
+
+def decoded_body(response: RecordedResponse) -> bytes:
+    """The body without its content-encoding, as the live addon decodes a buffered
+    response (mitmproxy's decoders, strict). Raises ValueError when it cannot."""
+    ce = response.headers.get("content-encoding")
+    if not ce:
+        return response.body
+    content = http_encoding.decode(response.body, ce)
+    if isinstance(content, str):  # a text "encoding" (e.g. utf8): not a content-encoding
+        raise ValueError(f"invalid content-encoding {ce!r}")
+    return content
+
+
+class Replayer:
+    """Runs recorded traffic through an engine in recorded time order (shadow mode)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        rules: TenantRules,
+        config: Config,
+        sink: ReplaySink,
+        *,
+        on_progress: Callable[[ReplayStats], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.rules = rules
+        self.config = config
+        self.sink = sink
+        self.on_progress = on_progress
+        self.stats = ReplayStats()
+        self.clock = 0.0  # recorded time of the step being run
+        self._pending: list[tuple[float, int, Iterator[float], str]] = []
+        self._seq = itertools.count()
+
+    def run(self, records: Iterable[ReplayRecord]) -> ReplayStats:
+        """Replay ``records`` (time-ordered, e.g. from ``merge_inputs``) to the end."""
+        stats = self.stats
+        latest = float("-inf")
+        for record in records:
+            self._advance(record.time)
+            if record.time < latest:
+                stats.late += 1
+            latest = max(latest, record.time)
+            self.clock = record.time
+            stats.records += 1
+            if stats.first_time is None:
+                stats.first_time = record.time
+            self._resume(record.steps(self), record.position)
+            if self.on_progress is not None and stats.records % 64 == 0:
+                self.on_progress(stats)
+        self._advance(float("inf"))
+        stats.last_time = latest if stats.records else None
+        if self.on_progress is not None:
+            self.on_progress(stats)
+        return stats
+
+    def _advance(self, until: float) -> None:
+        """Run every pending step due at or before ``until``, in time order."""
+        pending = self._pending
+        while pending and pending[0][0] <= until:
+            when, _, steps, position = heapq.heappop(pending)
+            self.clock = max(self.clock, when)
+            self._resume(steps, position)
+
+    def _resume(self, steps: Iterator[float], position: str) -> None:
+        try:
+            when = next(steps)
+        except StopIteration:
+            return
+        except Exception as e:  # noqa: BLE001 -- one broken record never ends a replay
+            self.stats.failures += 1
+            self.sink.failure(position, f"{type(e).__name__}: {e}")
+            return
+        heapq.heappush(self._pending, (when, next(self._seq), steps, position))
+
+    # -- one HTTP exchange, as the live addon's hooks handle it ---------------------------
+
+    def exchange_steps(self, record: ExchangeRecord) -> Iterator[float]:
+        """The addon's sequence: ``request`` (tenant, request id, observe the prompt at
+        the request's time), ``responseheaders`` + stream chunks (SSE), or ``response``
+        (a buffered body, at its last byte), or ``error``."""
+        monitor = self._begin(record)
+        if monitor is None:
+            return
+        response = record.response
+        if response is None:
+            yield record.end if record.end is not None else record.time
+            monitor.close()
+        elif "text/event-stream" in (response.headers.get("content-type") or ""):
+            yield response.start
+            monitor.start_stream(response.headers.get("content-encoding"))
+            for when, piece in paced_pieces(response):
+                yield when
+                monitor.on_chunk(piece)
+            yield response.end
+            if response.complete:
+                monitor.on_chunk(b"")
+            else:
+                monitor.close()
+        else:
+            yield response.end
+            body: bytes | None = None
+            if response.complete:
+                try:
+                    body = decoded_body(response)
+                except ValueError as e:
+                    monitor.detector_error = f"body not decodable: {e}"
+            if body is not None and 200 <= response.status < 300:
+                monitor.on_body(body)
+            else:
+                monitor.close()
+        if monitor.detector_error is not None:
+            self.stats.detector_errors += 1
+            self.sink.detector_error(monitor, record)
+
+    def _begin(self, record: ExchangeRecord) -> ExchangeMonitor | None:
+        """The addon's ``request`` hook, in shadow mode: None when the exchange is not
+        scanned (not an LLM call, or no tenant with ``unknown = "reject"``)."""
+        route = route_for(record.method, record.path)
+        if route is None:
+            self.stats.passthrough += 1
+            return None
+        headers = record.headers
+        has_id = (headers.get("x-request-id") or "").strip()
+        request_id = request_id_of(headers) if has_id else record.fallback_id
+        try:
+            parsed = route.parse_request(record.body)
+        except ProtocolError:
+            self.stats.unparsed += 1
+            parsed = None
+        tenant = record.tenant or resolve_tenant(
+            self.rules, headers, parsed.user if parsed else None
+        )
+        if tenant is None:
+            if self.config.tenants.unknown == "reject":
+                self.stats.rejected += 1
+                return None
+            tenant = "anonymous"
+        self.stats.exchanges += 1
+        monitor = ExchangeMonitor(
+            route=route,
+            tenant=tenant,
+            request_id=request_id,
+            scan=None,
+            on_findings=lambda m, found: self._found(m, found, record),
+            enforcement=None,
+            model=parsed.model if parsed else None,
+            prompt_chars=len(parsed.prompt) if parsed else 0,
+            scan_batch_chars=self.config.policy.shadow_batch_chars,
+        )
+        if parsed is not None:
+            try:
+                monitor.scan = self.engine.observe_prompt(
+                    tenant, request_id, parsed.prompt, now=record.time, model_text=parsed.model_text
+                )
+            except Exception as e:  # noqa: BLE001 -- fail open, as live
+                monitor.detector_error = f"{type(e).__name__}: {e}"
+        return monitor
+
+    def _found(
+        self, monitor: ExchangeMonitor, findings: list[Finding], record: ExchangeRecord
+    ) -> None:
+        for finding in findings:
+            self.stats.findings += 1
+            self.sink.finding(monitor, finding, self.clock, record)

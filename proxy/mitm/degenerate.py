@@ -1,0 +1,120 @@
+"""The degenerate-output signal as a mitmproxy addon (docs/detection.md, "Degenerate
+output"): every output delta goes to a :class:`~proxy.engine.degenerate.DegenerateDetector`;
+``output.degenerate`` is logged once per exchange (never blocks) and the rate is kept per
+upstream over a sliding window.
+"""
+
+from __future__ import annotations
+
+from mitmproxy import http
+
+from proxy.engine.degenerate import DegenerateDetector, RateWindow
+from proxy.mitm.flowstate import METADATA_KEY, crosstalk_addon, detector_elsewhere, upstream_of
+
+DEGENERATE_KEY = "crosstalk.degenerate"
+MAX_UPSTREAM_LABELS = 64
+
+
+class _Watch:
+    """The degenerate tests of one exchange, one per choice."""
+
+    __slots__ = ("detectors", "reason", "on_trip")
+
+    def __init__(self, on_trip) -> None:
+        self.detectors: dict[int, DegenerateDetector] = {}
+        self.reason: str | None = None
+        self.on_trip = on_trip
+
+    def feed(self, choice: int, text: str) -> None:
+        if self.reason is not None:
+            return
+        detector = self.detectors.get(choice)
+        if detector is None:
+            detector = self.detectors[choice] = DegenerateDetector()
+        reason = detector.feed(text)
+        if reason is not None:
+            self._trip(reason, choice)
+
+    def finish(self) -> None:
+        if self.reason is not None:
+            return
+        for choice, detector in self.detectors.items():
+            reason = detector.finish()
+            if reason is not None:
+                self._trip(reason, choice)
+                return
+
+    def _trip(self, reason: str, choice: int) -> None:
+        self.reason = reason
+        self.on_trip(reason, choice)
+
+
+class CrossTalkDegenerate:
+    """Degenerate-output signal: ``output.degenerate`` events and a rate per upstream."""
+
+    def __init__(self) -> None:
+        self.rates = RateWindow()
+        self.counts: dict[tuple[str, str], int] = {}  # (upstream, reason) -> exchanges
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        crosstalk = crosstalk_addon()
+        monitor = flow.metadata.get(METADATA_KEY)
+        if flow.response or monitor is None or crosstalk is None or detector_elsewhere(crosstalk):
+            return
+        config = crosstalk.config.degenerate
+        if not config.enabled:
+            return
+        if self.rates.window_seconds != config.rate_window_seconds:
+            self.rates = RateWindow(config.rate_window_seconds, max_keys=MAX_UPSTREAM_LABELS)
+        upstream = upstream_of(flow)
+
+        def on_trip(reason: str, choice: int) -> None:
+            if len({u for u, _ in self.counts}) >= MAX_UPSTREAM_LABELS:
+                key = ("other", reason)
+            else:
+                key = (upstream, reason)
+            self.counts[key] = self.counts.get(key, 0) + 1
+            crosstalk.log.warning(
+                "output.degenerate",
+                request_id=monitor.request_id,
+                tenant=monitor.tenant,
+                reason=reason,
+                upstream=upstream,
+                choice=choice,
+                output_chars=monitor.output_chars,
+            )
+
+        watch = flow.metadata[DEGENERATE_KEY] = _Watch(on_trip)
+        monitor.on_delta = _guarded(watch.feed, monitor)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._done(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._done(flow)
+
+    def _done(self, flow: http.HTTPFlow) -> None:
+        watch = flow.metadata.pop(DEGENERATE_KEY, None)
+        monitor = flow.metadata.get(METADATA_KEY)
+        if watch is not None and monitor is not None:
+            monitor.when_settled(lambda: self._finish(flow, watch))
+
+    def _finish(self, flow: http.HTTPFlow, watch: _Watch) -> None:
+        try:
+            watch.finish()
+        except Exception:  # noqa: BLE001 -- a signal, never a reason to break an exchange
+            return
+        self.rates.add(upstream_of(flow), watch.reason is not None)
+
+
+def _guarded(feed, monitor):
+    """``feed``, switched off for the exchange at its first exception: the signal must
+    never turn into a detector failure of the exchange."""
+
+    def on_delta(choice: int, text: str) -> None:
+        try:
+            feed(choice, text)
+        except Exception:  # noqa: BLE001
+            monitor.on_delta = None
+
+    return on_delta

@@ -1,0 +1,43 @@
+"""What the crosstalk addons share about a flow, and how they find each other.
+
+``CrossTalk`` keeps each exchange's :class:`~proxy.pipeline.exchange.ExchangeMonitor` in
+``flow.metadata[METADATA_KEY]``; the addons loaded after it (prevention, the degenerate
+signal, metrics) read it from there and find ``CrossTalk`` itself by its addon name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mitmproxy import ctx, http
+
+CROSSTALK = "crosstalk"  # the CrossTalk addon's name in mitmproxy's addon manager
+METADATA_KEY = "crosstalk"  # CrossTalk's ExchangeMonitor in flow.metadata
+
+
+def addon_named(name: str) -> Any:
+    """The loaded addon called ``name``, or None (also before a master runs)."""
+    try:
+        return ctx.master.addons.get(name)
+    except AttributeError:
+        return None
+
+
+def crosstalk_addon() -> Any:
+    """The running ``CrossTalk`` addon, or None."""
+    return addon_named(CROSSTALK)
+
+
+def detector_elsewhere(crosstalk: Any) -> bool:
+    """Whether a detector process runs the addons on a copy of each exchange: it then
+    reports their events and counts, and this process must not do so a second time."""
+    return crosstalk is not None and crosstalk.detector_wanted
+
+
+def route_parts(route: Any) -> tuple[str, str]:
+    """(api, kind) of a monitor's route (a protocols.Route, or a plain kind string)."""
+    return getattr(route, "api", "openai"), getattr(route, "kind", route)
+
+
+def upstream_of(flow: http.HTTPFlow) -> str:
+    return f"{flow.request.host}:{flow.request.port}"

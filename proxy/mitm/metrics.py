@@ -1,0 +1,253 @@
+"""Prometheus metrics (docs/operations.md, "Metrics"): a mitmproxy addon serving ``/metrics``.
+
+``crosstalk run --metrics-port 9464`` (or ``[metrics] port``, or the mitmproxy option
+``crosstalk_metrics_port``) starts prometheus-client's HTTP server on
+``[metrics] host`` (127.0.0.1 by default) in a daemon thread. Added after the
+``CrossTalk`` addon (and the prevention and degenerate addons), it counts each finished
+exchange from its ``ExchangeMonitor`` and reads the other addons' counters at scrape
+time. Ids and counts only: no prompt or output text, no keyed hash, in any label.
+
+Label cardinality is bounded: the first ``[metrics] max_tenant_labels`` (100) tenants
+seen get their own ``tenant`` label value, later ones are counted as ``other`` (the
+``crosstalk_tenant_labels`` gauge says how many are in use); upstreams are capped at 64.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from typing import TYPE_CHECKING, Any
+
+from mitmproxy import ctx, exceptions, http
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from proxy.mitm.flowstate import METADATA_KEY, addon_named, crosstalk_addon, detector_elsewhere
+
+if TYPE_CHECKING:
+    from proxy.pipeline.exchange import ExchangeMonitor
+
+OTHER = "other"
+COUNTED_KEY = "crosstalk.metrics_counted"
+# Engine scan call times: a few microseconds per delta to tens of ms for a whole body.
+SCAN_BUCKETS = (
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005,
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+)  # fmt: skip
+# CrossTalk's own counters that the labelled metrics already count.
+_LABELLED = frozenset({"exchanges", "findings"})
+_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+class TenantLabels:
+    """The ``tenant`` label value of a tenant: its name for the first ``limit`` tenants
+    seen, ``other`` after that (first come, first served, so a label never changes
+    meaning while the process runs)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, tenant: str) -> str:
+        if tenant in self._known:
+            return tenant
+        with self._lock:
+            if len(self._known) < self.limit:
+                self._known.add(tenant)
+                return tenant
+        return OTHER
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+
+class _Collector:
+    """What is read at scrape time: the addons' counter dicts, the engine's state, the
+    degenerate rate per upstream."""
+
+    def __init__(self, owner: CrossTalkMetrics) -> None:
+        self.owner = owner
+
+    def describe(self) -> list:
+        return []  # dynamic families: no duplicate check at registration
+
+    def collect(self):
+        crosstalk = crosstalk_addon()
+        counters: dict[str, int] = dict(crosstalk.counters) if crosstalk is not None else {}
+        prevention = addon_named("crosstalkprevention")
+        if prevention is not None:
+            counters.update(prevention.counters)
+        for key, value in sorted(counters.items()):
+            if key in _LABELLED:
+                continue
+            name = "crosstalk_" + _NAME.sub("_", key)
+            yield CounterMetricFamily(name, f"CrossTalk counter {key!r}.", value=value)
+        if crosstalk is not None:
+            idle = crosstalk.idle
+            yield GaugeMetricFamily(
+                "crosstalk_shadow_queue_items",
+                "Shadow-mode engine work waiting for an idle event loop.",
+                value=len(idle),
+            )
+            yield CounterMetricFamily(
+                "crosstalk_shadow_queue_overdue",
+                "Queued items run before the loop was idle (waited 50 ms or behind 10,000): "
+                "the proxy is short of CPU.",
+                value=idle.overdue,
+            )
+            yield CounterMetricFamily(
+                "crosstalk_shadow_queue_errors",
+                "Queued items that raised (each logged as shadow_queue.error).",
+                value=idle.errors,
+            )
+        engine = crosstalk.engine if crosstalk is not None else None
+        if engine is not None:
+            yield GaugeMetricFamily(
+                "crosstalk_fingerprints",
+                "Fingerprints held in the index.",
+                value=engine.fingerprints,
+            )
+            yield CounterMetricFamily(
+                "crosstalk_fingerprints_evicted",
+                "Fingerprints evicted (window or cap), since the engine was built.",
+                value=engine.index.evicted,
+            )
+            yield GaugeMetricFamily(
+                "crosstalk_engine_observed_requests",
+                "Requests the engine has learned from (a loaded state file counts).",
+                value=engine.observed_requests,
+            )
+        yield GaugeMetricFamily(
+            "crosstalk_tenant_labels",
+            "Distinct tenant label values in use (capped by metrics.max_tenant_labels).",
+            value=len(self.owner.tenants),
+        )
+        degenerate = addon_named("crosstalkdegenerate")
+        if degenerate is not None:
+            family = CounterMetricFamily(
+                "crosstalk_degenerate_outputs",
+                "Exchanges whose output looked degenerate (output.degenerate), by upstream and reason.",
+                labels=("upstream", "reason"),
+            )
+            for (upstream, reason), n in sorted(dict(degenerate.counts).items()):
+                family.add_metric((upstream, reason), n)
+            yield family
+            rate = GaugeMetricFamily(
+                "crosstalk_degenerate_rate",
+                "Share of exchanges with degenerate output over the last "
+                "degenerate.rate_window_seconds, by upstream.",
+                labels=("upstream",),
+            )
+            total = GaugeMetricFamily(
+                "crosstalk_degenerate_window_exchanges",
+                "Exchanges in the degenerate rate's window, by upstream.",
+                labels=("upstream",),
+            )
+            for upstream, (bad, n) in sorted(degenerate.rates.counts().items()):
+                rate.add_metric((upstream,), bad / n if n else 0.0)
+                total.add_metric((upstream,), n)
+            yield rate
+            yield total
+
+
+class CrossTalkMetrics:
+    """Counts exchanges, findings and scan times; serves them with prometheus-client."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "crosstalk_requests",
+            "LLM requests finished, by tenant and verdict (clean, leak, blocked).",
+            ("tenant", "verdict"),
+            registry=self.registry,
+        )
+        self.findings = Counter(
+            "crosstalk_findings",
+            "Findings (leak.detected), by kind (fragment, entity, canary) and action.",
+            ("kind", "action"),
+            registry=self.registry,
+        )
+        self.scan_seconds = Histogram(
+            "crosstalk_scan_seconds",
+            "Time of one engine scan call (an SSE delta in enforce mode, a batch of "
+            "policy.shadow_batch_chars in shadow mode, or a whole body).",
+            buckets=SCAN_BUCKETS,
+            registry=self.registry,
+        )
+        self.tenants = TenantLabels(100)
+        self.registry.register(_Collector(self))
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.bound: tuple[str, int] | None = None
+
+    def load(self, loader) -> None:
+        loader.add_option(
+            "crosstalk_metrics_port",
+            int,
+            0,
+            "Serve Prometheus metrics on this port (0: the config's [metrics] port; off).",
+        )
+        loader.add_option(
+            "crosstalk_metrics_host", str, "", "Metrics address (default: the config's, 127.0.0.1)."
+        )
+
+    def configure(self, updated: set[str]) -> None:
+        crosstalk = crosstalk_addon()
+        section = crosstalk.config.metrics if crosstalk is not None else None
+        port = ctx.options.crosstalk_metrics_port or (section.port if section else 0)
+        host = ctx.options.crosstalk_metrics_host or (section.host if section else "127.0.0.1")
+        limit = section.max_tenant_labels if section else 100
+        if limit != self.tenants.limit:
+            self.tenants = TenantLabels(limit)
+        if detector_elsewhere(crosstalk_addon()):
+            port = 0  # the detector process serves them: its engine, its counts
+        if not port:
+            self._stop()
+            return
+        if self.bound == (host, port):
+            return
+        self._stop()
+        try:
+            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+        except OSError as e:
+            raise exceptions.OptionsError(f"crosstalk: metrics on {host}:{port}: {e}") from e
+        self.bound = (host, port)
+        if crosstalk is not None and crosstalk.log is not None:
+            crosstalk.log.info("metrics.listening", host=host, port=port)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        monitor = flow.metadata.get(METADATA_KEY)
+        if monitor is not None and not detector_elsewhere(crosstalk_addon()):
+            monitor.on_scan = self.scan_seconds.observe
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._count(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._count(flow)
+
+    def done(self) -> None:
+        self._stop()
+
+    def _count(self, flow: http.HTTPFlow) -> None:
+        monitor = flow.metadata.get(METADATA_KEY)
+        if (
+            monitor is None
+            or flow.metadata.get(COUNTED_KEY)
+            or detector_elsewhere(crosstalk_addon())
+        ):
+            return
+        flow.metadata[COUNTED_KEY] = True
+        monitor.when_settled(lambda: self._count_outcome(monitor))
+
+    def _count_outcome(self, monitor: ExchangeMonitor) -> None:
+        self.requests.labels(self.tenants(monitor.tenant), monitor.verdict).inc()
+        for finding in monitor.findings:
+            self.findings.labels(finding.kind, monitor.action_for(finding)).inc()
+
+    def _stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        self._server = self._thread = self.bound = None

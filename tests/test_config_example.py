@@ -1,0 +1,33 @@
+"""config/crosstalk.example.toml is the one annotated list of every setting: it names
+every key of every section, each with its default."""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+from proxy.config import Config, load
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "config" / "crosstalk.example.toml"
+
+
+def test_the_example_configuration_is_exactly_the_defaults():
+    assert load(EXAMPLE) == Config()
+
+
+def test_the_example_names_every_key_of_every_section():
+    written = tomllib.loads(EXAMPLE.read_text())
+    missing = []
+    for section in dataclasses.fields(Config):
+        keys = written.get(section.name)
+        if keys is None:
+            missing.append(f"[{section.name}]")
+            continue
+        for key in dataclasses.fields(getattr(Config(), section.name)):
+            # Per-tenant and per-route policy tables are examples (commented out).
+            if section.name == "policy" and key.name in ("tenants", "routes"):
+                continue
+            if key.name not in keys:
+                missing.append(f"{section.name}.{key.name}")
+    assert not missing, f"not in {EXAMPLE.name}: {', '.join(missing)}"
