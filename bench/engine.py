@@ -746,6 +746,10 @@ def main(argv: list[str] | None = None) -> int:
                 indent=2,
             )
         )
+    missed = [name for name, _, _, ok in rows if ok is False]
+    if missed:
+        print(f"engine: target(s) missed: {', '.join(missed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -12,9 +12,11 @@ What counts as private, independent of the detector: a leaked unit is *private* 
 sits in a 4-unit shingle that no tenant other than the source ever used anywhere in the
 whole benchmark, the earlier traffic a warm engine learned from included (an oracle
 with full hindsight). A fault's size is its longest run of
-private units, in words (a CJK character counts half). Targets (issue 3): recall >= 99%
-on leaks with >= 8 private words, on foreign entities and on mis-routed responses with
-private content; false positives <= 0.1% of clean responses; right source >= 98%.
+private units, in words (a CJK character counts half). Targets (``TARGETS``; the bench
+exits 1 when one is missed): recall >= 99% on leaks with >= 8 private words, on foreign
+entities and on mis-routed responses with private content, and right source >= 98%,
+for a fresh engine and a warm one alike; false positives <= 0.2% of a fresh engine's
+first 300 clean responses and <= 0.05% after them, and <= 0.05% for a warm engine.
 
     python bench/quality.py [--requests 5000] [--tenants 24] [--engine FIELD=VALUE] [--json out.json]
 """
@@ -45,6 +47,19 @@ from proxy.sim.workload import Workload  # noqa: E402
 
 SIZE_BUCKETS = ((0, 4), (4, 8), (8, 16), (16, 32), (32, 10_000))
 
+#: Targets (issue 18): a fresh engine as good as a warm one. The bench exits 1 when one
+#: is missed. (label, what, limit, "min" or "max"); rates are fractions.
+TARGETS = (
+    ("cold start", "recall", 0.99, "min"),
+    ("cold start", "right_source", 0.98, "min"),
+    ("cold start", "fp_first", 0.002, "max"),  # the first --warmup clean responses
+    ("cold start", "fp_after", 0.0005, "max"),
+    ("warm", "recall", 0.99, "min"),
+    ("warm", "right_source", 0.98, "min"),
+    ("warm", "fp_all", 0.0005, "max"),
+    ("public text, baseline", "recitations_flagged", 0.0005, "max"),
+)
+
 
 @dataclass
 class Exchange:
@@ -56,6 +71,16 @@ class Exchange:
     findings: list = field(default_factory=list)
     index: int = 0
     scan: object = None
+
+
+def model_text_of(req) -> str:
+    """The earlier assistant turns of a request's conversation (the proxy passes them as
+    ``model_text``: a model's words, judged as an output's)."""
+    return "\n".join(
+        m["content"]
+        for m in req.messages
+        if m["role"] == "assistant" and isinstance(m.get("content"), str)
+    )
 
 
 def deltas(text: str, rng: random.Random) -> list[str]:
@@ -89,13 +114,8 @@ def run_traffic(
             prompt = req.prompt_text()
             answer = answer_for(prompt)
             answer, fault = injector.apply(req.tenant, req.request_id, prompt, answer)
-            model_text = "\n".join(
-                m["content"]
-                for m in req.messages
-                if m["role"] == "assistant" and isinstance(m.get("content"), str)
-            )
             scan = engine.observe_prompt(
-                req.tenant, req.request_id, prompt, now=clock, model_text=model_text
+                req.tenant, req.request_id, prompt, now=clock, model_text=model_text_of(req)
             )
             ex = Exchange(req.tenant, req.request_id, prompt, answer, fault, index=len(exchanges))
             ex.scan = scan
@@ -355,6 +375,118 @@ def canary_signal(args: argparse.Namespace, config: EngineConfig) -> dict:
     }
 
 
+def stdlib_passages(per_module: int = 3, modules: int = 120, min_words: int = 25) -> dict:
+    """Human-written public text already on every machine: paragraphs of the docstrings
+    of the running Python's standard library (module, class and function docstrings of
+    the first ``modules`` modules by name). ``{module: [paragraph, ...]}``."""
+    import ast
+    import sysconfig
+
+    found: dict[str, list[str]] = {}
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:modules]:
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, OSError):
+            continue
+        nodes = [tree, *(n for n in tree.body if isinstance(n, ast.ClassDef | ast.FunctionDef))]
+        paragraphs = [
+            " ".join(paragraph.split())
+            for node in nodes
+            for paragraph in (ast.get_docstring(node) or "").split("\n\n")
+            if len(paragraph.split()) >= min_words
+        ]
+        if paragraphs:
+            found[path.stem] = paragraphs[:per_module]
+    return found
+
+
+def public_text_signal(args: argparse.Namespace, config: EngineConfig) -> dict:
+    """Public text that several tenants handle: one tenant pastes a passage of Python's
+    standard-library documentation (``stdlib_passages``), and later the simulated model
+    recites 30 words of it to another tenant who asked about that module. Neither is a
+    leak; the recitations are counted apart, on a fresh engine, without and with a
+    baseline built from the corpus (``crosstalk baseline build``'s code), between the
+    simulator's ordinary traffic."""
+    from proxy.engine.baseline import build
+    from proxy.engine.fingerprint import Hasher
+
+    corpus = stdlib_passages()
+    passages = [(module, text) for module, texts in corpus.items() for text in texts]
+    with tempfile.TemporaryDirectory() as tmp:
+        for module, texts in corpus.items():
+            (Path(tmp) / f"{module}.txt").write_text("\n\n".join(texts), encoding="utf-8")
+        public, _ = build([tmp], Hasher(config.key, config.k))
+    rows = {}
+    for label, with_baseline in (("no baseline", False), ("baseline of the corpus", True)):
+        engine = Engine(
+            config,
+            baseline=load_baseline(args.baseline),
+            plain_words=load_vocabulary(args.vocabulary),
+        )
+        if with_baseline:
+            engine.add_baseline_file(public)
+        rng = random.Random(args.seed + 21)
+        requests = Workload(tenants=args.tenants, seed=args.seed + 21).requests(len(passages) * 3)
+        flagged = Counter()
+        pasted: list[tuple[str, str, str]] = []  # (tenant, module, passage)
+        now = 1_000_000.0
+        for i, req in enumerate(requests):
+            now += 0.1
+            prompt, answer, kind = req.prompt_text(), None, "ordinary"
+            model_text = model_text_of(req)
+            if i % 3 == 0 and i // 3 < len(passages):
+                module, text = passages[i // 3]
+                prompt, kind = f"Please explain this part of the {module} docs:\n\n{text}", "paste"
+                model_text = ""
+                pasted.append((req.tenant, module, text))
+            elif i % 3 == 1 and pasted:
+                source, module, text = pasted[rng.randrange(len(pasted))]
+                if source != req.tenant:
+                    words = text.split()
+                    start = rng.randrange(max(1, len(words) - 30))
+                    prompt, model_text = f"What does the {module} module do?", ""
+                    answer = (
+                        answer_for(prompt)
+                        + "\n\nFrom its docs: "
+                        + " ".join(words[start : start + 30])
+                    )
+                    kind = "recitation"
+            scan = engine.observe_prompt(
+                req.tenant, req.request_id, prompt, now=now, model_text=model_text
+            )
+            found = []
+            for piece in deltas(answer if answer is not None else answer_for(prompt), rng):
+                found += scan.feed(piece, now=now)
+            found += scan.finish(now=now)
+            flagged[kind, "n"] += 1
+            flagged[kind, "flagged"] += bool(found)
+            if found and kind == "ordinary" and args.show_fp > 0:
+                f = found[0]
+                text = answer if answer is not None else answer_for(prompt)
+                print(f"PUBLIC-TEXT RUN FALSE POSITIVE ({label}) {req.request_id} <- "
+                      f"{f.source_tenant}/{f.source_request_id}: {text[f.start : f.end]!r}")  # fmt: skip
+        rows[label] = flagged
+    lines = [
+        "| engine | recitations flagged | pastes' answers flagged | ordinary answers flagged |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| fresh, {label} | "
+            + " | ".join(
+                f"{c[k, 'flagged']}/{c[k, 'n']} ({pct(c[k, 'flagged'], c[k, 'n'])})"
+                for k in ("recitation", "paste", "ordinary")
+            )
+            + " |"
+            for label, c in rows.items()
+        ),
+        "",
+        f"- corpus: {len(passages)} docstring paragraphs of {len(corpus)} standard-library "
+        f"modules; baseline: {public.kgrams.size} fingerprints",
+    ]
+    print("\n### public text: the standard library's documentation, pasted and recited\n")
+    print("\n".join(lines))
+    return {label: {f"{a}_{b}": v for (a, b), v in c.items()} for label, c in rows.items()}
+
+
 LAG_QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))
 
 
@@ -397,6 +529,47 @@ def report(result: dict, engine: Engine, seconds: float, args) -> str:
     return "\n".join(lines)
 
 
+def rates(result: dict) -> dict[str, float]:
+    """The figures the targets are set on, as fractions."""
+    t, c = result["target"], result["clean"]
+
+    def ratio(a: int, b: int) -> float:
+        return a / b if b else 0.0
+
+    return {
+        "recall": ratio(t["hit"], t["n"]),
+        "right_source": ratio(t["right"], t["hit"]),
+        "fp_first": ratio(c["warmup", "flagged"], c["warmup", "n"]),
+        "fp_after": ratio(c["steady", "flagged"], c["steady", "n"]),
+        "fp_all": ratio(
+            c["warmup", "flagged"] + c["steady", "flagged"], c["warmup", "n"] + c["steady", "n"]
+        ),
+    }
+
+
+def check_targets(results: dict[str, dict], public: dict[str, dict]) -> list[str]:
+    """One line per target, PASS or FAIL; the failures are returned. Public text recited
+    to a tenant is held to the false-positive target once its corpus is a baseline."""
+    failed = []
+    print("\n### targets\n")
+    with_baseline = public["baseline of the corpus"]
+    figures = {label: rates(result) for label, result in results.items()}
+    figures["public text, baseline"] = {
+        "recitations_flagged": with_baseline["recitation_flagged"]
+        / max(1, with_baseline["recitation_n"])
+    }
+    for label, name, limit, kind in TARGETS:
+        if label not in figures:
+            continue
+        value = figures[label][name]
+        ok = value >= limit if kind == "min" else value <= limit
+        line = f"{label}: {name} {100 * value:.2f}% ({kind} {100 * limit:g}%)"
+        print(f"- {'PASS' if ok else 'FAIL'} {line}")
+        if not ok:
+            failed.append(line)
+    return failed
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--requests", type=int, default=5000)
@@ -433,6 +606,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated (default: all, noisy pages included)",
     )
     p.add_argument("--json", help="write the results as JSON here")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="CI: the leak rows only (no degenerate or canary sections); same seeds",
+    )
     p.add_argument("--show-fp", type=int, default=3, help="print N false positives and misses")
     return p.parse_args(argv)
 
@@ -514,8 +692,10 @@ def main(argv=None) -> int:
                 f"{f.kind} {f.leaked_words} words: {f.leaked_text[:300]!r}"
             )
             print("   why:", explain_miss(ex))
-    degenerate = degenerate_signal(args)
-    canary = canary_signal(args, config)
+    public = public_text_signal(args, config)
+    failed = check_targets(results, public)
+    degenerate = {} if args.quick else degenerate_signal(args)
+    canary = {} if args.quick else canary_signal(args, config)
     if args.json:
         Path(args.json).write_bytes(
             orjson.dumps(
@@ -529,10 +709,13 @@ def main(argv=None) -> int:
                     }
                     for label, r in results.items()
                 }
-                | {"degenerate": degenerate, "canary": canary},
+                | {"degenerate": degenerate, "canary": canary, "public_text": public},
                 option=orjson.OPT_INDENT_2,
             )
         )
+    if failed:
+        print(f"\nquality: {len(failed)} target(s) missed", file=sys.stderr)
+        return 1
     return 0
 
 

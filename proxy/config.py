@@ -50,6 +50,9 @@ class DetectionSection:
     key: str = ""  # hex; empty generates a key at start (fingerprints then die with it)
     baseline_dir: str = ""  # empty: the shipped baseline (proxy/defaults)
     vocabulary_dir: str = ""  # empty: the shipped vocabularies (proxy/defaults)
+    # Baseline files of public corpora (crosstalk baseline build): keyed fingerprints of
+    # text that is nobody's, made with this detection.key.
+    baselines: tuple[str, ...] = ()
     state_file: str = ""  # learned commonness, loaded at start and saved at exit (.npz)
     # Engine parameters (EngineConfig; docs/detection.md and bench/quality.py for their effect).
     k: int = _ENGINE.k
@@ -87,10 +90,11 @@ class PolicySection:
     holdback_words: float = 16.0
     fail: str = "open"  # detector failure: "open" (pass, unscanned) or "closed" (cut)
     detector_budget_ms: float = 50.0  # a scan call slower than this is a failure
-    # Enforce blocks fragment findings only once the engine has learned from this many
-    # requests (a loaded state_file counts): a fresh engine does not yet know the
-    # deployment's boilerplate. Entities and canaries block from the start.
-    learn_requests: int = 1000
+    # Optional learning period: enforce blocks fragment findings only once the engine has
+    # learned from this many requests (a loaded state_file counts). 0: from the first
+    # request; a fresh engine tells the model's habits from a leak by what is specific
+    # to the source exchange (docs/detection.md). Entities and canaries always block.
+    learn_requests: int = 0
     # Shadow mode feeds the detector this many characters of output at a time (0: every
     # SSE delta): findings come a few words later, for a fraction of the CPU.
     shadow_batch_chars: int = 64

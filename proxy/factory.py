@@ -7,6 +7,7 @@ from __future__ import annotations
 from proxy.config import Config, ConfigError
 from proxy.defaults import load_baseline, load_vocabulary
 from proxy.engine import Engine, EngineConfig
+from proxy.engine.baseline import Baseline, BaselineError
 from proxy.tenants import TenantRules
 
 
@@ -20,9 +21,15 @@ def build_engine(config: Config, engine_config: EngineConfig | None = None) -> E
         vocabulary = load_vocabulary(config.detection.vocabulary_dir)
     except ValueError as e:
         raise ConfigError(f"detection: {e}") from e
-    return Engine(
+    engine = Engine(
         engine_config or config.engine_config(), baseline=baseline, plain_words=vocabulary
     )
+    for path in config.detection.baselines:
+        try:
+            engine.add_baseline_file(Baseline.load(path, engine.hasher))
+        except BaselineError as e:
+            raise ConfigError(f"detection.baselines: {e}") from e
+    return engine
 
 
 def tenant_rules(config: Config, secret: bytes) -> TenantRules:

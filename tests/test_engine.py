@@ -250,7 +250,7 @@ def test_min_run_words_threshold(n_words):
 
 ENTITIES = {
     "email": "maria.jensen@falcon-corp.no",
-    "iban": "GB82 WEST 1234 5698 7654 32",
+    "iban": "GB12 WEST 1234 5698 7654 31",
     "card": "4539 1488 0343 6467",
     "api_key": "sk-proj-Xa9bQ7rT2mN4pL8kV3cW6yZ1",
     "phone": "+47 22 33 44 55",
@@ -269,7 +269,11 @@ def test_entity_of_a_prompt_in_b_output_is_reported(kind):
     assert len(found) == 1
     (f,) = found
     assert (f.kind, f.source_tenant, f.source_request_id) == (ENTITY, "A", "a-1")
-    assert output[f.start : f.end] == entity
+    # An IBAN's head is keyed too, and completes first: the finding may point at it.
+    matched = output[f.start : f.end]
+    assert matched == entity or (
+        kind == "iban" and entity.startswith(matched) and len(matched) >= 19
+    )
     assert entity.lower() not in f.evidence
 
 
@@ -382,11 +386,11 @@ def test_entity_offsets_survive_length_changing_lowercase():
 
 def test_entities_in_chinese_text_are_extracted():
     found = extract_entities(
-        "请把款转到账号6222020200112233，联系邮箱是wang.xiaoming@example.cn，谢谢"
+        "请把款转到账号6222020200112233，联系邮箱是wang.xiaoming@polarmail.cn，谢谢"
     )
     assert [(e.kind, e.text) for e in found] == [
         ("digit_id", "6222020200112233"),
-        ("email", "wang.xiaoming@example.cn"),
+        ("email", "wang.xiaoming@polarmail.cn"),
     ]
 
 
@@ -506,19 +510,37 @@ BOILERPLATE = (
 
 
 @pytest.mark.parametrize("with_baseline", [True, False])
-def test_assistant_boilerplate_in_baseline_is_not_a_leak(with_baseline):
+def test_assistant_boilerplate_is_not_a_leak_even_on_a_fresh_engine(with_baseline):
+    """Two tenants' answers share the model's phrasing, and only two tenants have used
+    it yet: nothing in it belongs to the first exchange (no number, no word of its
+    prompt), so it is the model's habit, baseline or not."""
     engine = make_engine(baseline=[BOILERPLATE] if with_baseline else [])
     exchange(
         engine, "A", "a-1", "How do I reset my router?", BOILERPLATE + " First, unplug it.", T0
     )
     output = BOILERPLATE + " First, open the settings page."
     found = exchange(engine, "B", "b-1", "How do I change my password?", output, T0 + 1)
-    assert kinds(found) == ([] if with_baseline else [FRAGMENT])
+    assert kinds(found) == []
+
+
+def test_a_foreign_output_page_is_a_leak_when_it_carries_that_exchange_specifics():
+    """The same page of A's answer, restating a word of A's own prompt or carrying a
+    number only A's answer has, is A's: what makes it specific to A decides."""
+    prompt_a = "How do I reset the Zephyrine router in our Kalmbach office?"
+    answer_a = f"{BOILERPLATE} For the Zephyrine in Kalmbach, hold reset; ticket 773412 is open."
+    engine = make_engine()
+    exchange(engine, "A", "a-1", prompt_a, answer_a, T0)
+    page = "missed along the way. For the Zephyrine in Kalmbach, hold reset"
+    found = exchange(engine, "B", "b-1", "Weather?", f"Sunny. {page}. Bye.", T0 + 1)
+    assert kinds(found) == [FRAGMENT] and found[0].source_tenant == "A"
+    numbered = "one at a time so that nothing important is missed; ticket 773412 is open"
+    found = exchange(engine, "C", "c-1", "Tides?", f"Low. {numbered}. Bye.", T0 + 2)
+    assert kinds(found) == [FRAGMENT] and found[0].source_tenant == "A"
 
 
 @pytest.mark.parametrize("with_baseline", [True, False])
 def test_entity_in_baseline_is_not_a_leak(with_baseline):
-    entity = "help@zentrix-logistics.example"
+    entity = "help@zentrix-logistics.eu"
     engine = make_engine(baseline=[f"Contact {entity}."] if with_baseline else [])
     leak_from_a(engine, prompt_a=f"Escalate to {entity} if the Halvorsen parcel is late.")
     found = exchange(engine, "B", "b-1", PROMPT_B, f"Write to {entity}.", T0 + 1)
@@ -528,7 +550,7 @@ def test_entity_in_baseline_is_not_a_leak(with_baseline):
 SAME_PROMPT = "Explain the refund policy of Zentrix Logistics for parcel 88213 in detail."
 SAME_ANSWER = (
     "Zentrix Logistics refunds parcel 88213 within fourteen days once the Vandermeer desk "
-    "confirms the damage report; write to refunds@zentrix-logistics.example with photos."
+    "confirms the damage report; write to refunds@zentrix-logistics.eu with photos."
 )
 
 
@@ -576,8 +598,9 @@ def test_run_of_plain_words_from_a_prompt(factor, n_words, leak):
 def test_run_of_plain_words_from_an_output_is_boilerplate():
     """A model's own plain words are its boilerplate: however long, a run of another
     tenant's output without a distinctive word, inside an answer of its own, is not a
-    leak. Controls: one distinctive word (a specific number) in the run makes it one,
-    and so does an answer that is nearly all that other output (a mis-route)."""
+    leak, and nor is an answer that is all that other output but holds nothing of its
+    exchange. Controls: one specific number in the run makes it one, and so does a
+    mis-routed answer that carries it."""
     engine = make_engine(baseline=[PLAIN_VOCAB])
     exchange(engine, "A", "a-1", "Say something.", PLAIN_PRIVATE_ORDER + " 88213 ok.", T0)
     plain = PLAIN_PRIVATE_ORDER
@@ -587,7 +610,11 @@ def test_run_of_plain_words_from_an_output_is_boilerplate():
     )
     answer = f"{own} {plain}. {own.replace('Layer', 'Next layer')}"
     assert exchange(engine, "B", "b-1", PROMPT_B, answer, T0 + 1) == []
-    misrouted = exchange(engine, "D", "d-1", "Weather?", f"Zebras. {plain}. Penguins.", T0 + 2)
+    fresh = make_engine(baseline=[PLAIN_VOCAB])
+    exchange(fresh, "A", "a-1", "Say something.", PLAIN_PRIVATE_ORDER + " 88213 ok.", T0)
+    assert exchange(fresh, "E", "e-1", "Weather?", f"Zebras. {plain}. Penguins.", T0 + 1) == []
+    misrouted = f"Zebras. {plain} 88213 ok. Penguins."
+    misrouted = exchange(engine, "D", "d-1", "Weather?", misrouted, T0 + 2)
     assert kinds(misrouted) == [FRAGMENT] and misrouted[0].source_tenant == "A"
     specific = " ".join(PLAIN_PRIVATE_ORDER.split()[-7:]) + " 88213"
     found = exchange(engine, "C", "c-1", "Any tips?", f"{own} {specific}. {own}", T0 + 3)
@@ -894,13 +921,13 @@ def entity_pairs(text: str) -> list[tuple[str, str]]:
             "mail maria.jensen+q3@falcon-corp.co.uk.",
             [("email", "maria.jensen+q3@falcon-corp.co.uk")],
         ),
-        ("IBAN GB82 WEST 1234 5698 7654 32 ok", [("iban", "GB82 WEST 1234 5698 7654 32")]),
-        ("IBAN DE89370400440532013000 ok", [("iban", "DE89370400440532013000")]),
+        ("IBAN GB12 WEST 1234 5698 7654 31 ok", [("iban", "GB12 WEST 1234 5698 7654 31")]),
+        ("IBAN DE62370400440532013001 ok", [("iban", "DE62370400440532013001")]),
         ("card 4539 1488 0343 6467 ok", [("card", "4539 1488 0343 6467")]),
         ("card 4539-1488-0343-6467 ok", [("card", "4539-1488-0343-6467")]),
         ("call +47 22 33 44 55 now", [("phone", "+47 22 33 44 55")]),
-        ("call (415) 555-0132 now", [("phone", "(415) 555-0132")]),
-        ("call +1 415 555 0132 now", [("phone", "+1 415 555 0132")]),
+        ("call (415) 782-0132 now", [("phone", "(415) 782-0132")]),
+        ("call +1 415 782 0132 now", [("phone", "+1 415 782 0132")]),
         (
             "key sk-proj-Xa9bQ7rT2mN4pL8kV3cW6yZ1 ok",
             [("api_key", "sk-proj-Xa9bQ7rT2mN4pL8kV3cW6yZ1")],
@@ -914,8 +941,8 @@ def test_extract_entities_finds(text, expected):
 @pytest.mark.parametrize(
     "text, rejected_kind",
     [
-        ("IBAN GB82 WEST 1234 5698 7654 33 ok", "iban"),  # bad checksum
-        ("IBAN DE89370400440532013001 ok", "iban"),
+        ("IBAN GB12 WEST 1234 5698 7654 32 ok", "iban"),  # bad checksum
+        ("IBAN DE62370400440532013002 ok", "iban"),
         ("card 4539 1488 0343 6468 ok", "card"),  # fails Luhn
         ("card 1234 5678 9012 3456 ok", "card"),
         ("call +12 34 now", "phone"),  # too few digits
@@ -928,7 +955,7 @@ def test_extract_entities_rejects(text, rejected_kind):
 
 def test_checksums():
     assert luhn_ok("4539148803436467") and not luhn_ok("4539148803436468")
-    assert iban_ok("GB82 WEST 1234 5698 7654 32") and not iban_ok("GB82 WEST 1234 5698 7654 33")
+    assert iban_ok("GB12 WEST 1234 5698 7654 31") and not iban_ok("GB12 WEST 1234 5698 7654 32")
     assert not iban_ok("GB82")
 
 
@@ -998,7 +1025,7 @@ def test_entity_prefilters_never_skip_a_match():
     from proxy.engine import entities
 
     samples = [
-        "mail ana.lopez+x@corp-mail.example.org now",
+        "mail ana.lopez+x@corp-mail.eu.org now",
         "see https://host/path?token=abcdef123456 and ftp://u:p@h/",
         "order ID-123456789 and 00012345678",
         "secret AbCdEfGh1234567890IjKlMnOp_-x9 here",
@@ -1098,3 +1125,86 @@ def test_text_two_outputs_write_at_once_counts_both_tenants_when_it_is_shared():
     first.finish(T0)
     second.finish(T0)
     assert set(engine.sketch.counts(fps)) == {2}  # each tenant counted once
+
+
+# -- what a model writes for everyone (issue 18) ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "AKIAIOSFODNN7EXAMPLE",
+        "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "john.doe@example.com",
+        "ops@billing.test",
+        "4111 1111 1111 1111",
+        "sk-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+        "12345678",
+        "(212) 555-0147",
+        "GB82 WEST 1234 5698 7654 32",
+        "123-45-6789",
+    ],
+)
+def test_placeholders_are_nobodys_entities(value):
+    assert extract_entities(f"Use {value} in the example.") == []
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "anna.kowalczyk@polarpath.eu",
+        "AKIA4Q2ZR7XW3K9PLM2T",
+        "4532 0151 1283 0366",
+        "(415) 782-0132",
+        "GB12 WEST 1234 5698 7654 31",
+        "512-44-1873",
+    ],
+)
+def test_real_looking_values_stay_entities(value):
+    assert [e.text for e in extract_entities(f"Use {value} in the example.")] == [value]
+
+
+def test_a_placeholder_number_does_not_tie_a_model_habit_to_one_exchange():
+    """Two tenants' code carries the model's test card: its digits are public by
+    convention, so they do not make the shared lines specific to the first exchange.
+    Control: a number only the first exchange's answer has does."""
+    engine = make_engine()
+    code = 'logger = logging.getLogger(__name__)\nTEST_CARD = "4111 1111 1111 1111"\n'
+    exchange(engine, "A", "a-1", "Write a parser.", f"Here:\n{code}def parse(rows): ...", T0)
+    found = exchange(engine, "B", "b-1", "Write a loader.", f"Here:\n{code}def load(p): ...", T0)
+    assert found == []
+    answer = "Logged as ticket 773412 for the router in the north office today."
+    exchange(engine, "C", "c-1", "Ticket?", answer, T0)
+    page = "Logged as ticket 773412 for the router in the north office"
+    assert kinds(exchange(engine, "D", "d-1", "Hi", f"{page}.", T0)) == [FRAGMENT]
+
+
+def test_a_string_the_model_writes_for_three_tenants_is_its_habit():
+    """An entity no prompt holds, written by the model into three tenants' answers, is
+    the model's: the second and third tenants' answers are still findings (each may be a
+    leak of the first's output), the fourth's no longer."""
+    engine = make_engine()
+    habit = "Reach the desk at helpdesk@northwind-traders.com today."
+    exchange(engine, "A", "a-1", "Who do I write to?", habit, T0)
+    assert kinds(exchange(engine, "B", "b-1", "Support contact?", habit, T0 + 1)) == [ENTITY]
+    assert kinds(exchange(engine, "C", "c-1", "Where to email?", habit, T0 + 2)) == [ENTITY]
+    assert exchange(engine, "D", "d-1", "Which address?", habit, T0 + 3) == []
+
+
+def test_an_iban_cut_short_by_the_page_is_still_that_account():
+    iban = "GB12 WEST 1234 5698 7654 31"
+    engine = make_engine()
+    leak_from_a(engine, prompt_a=f"Pay the Halvorsen invoice to {iban} by Friday.")
+    found = exchange(engine, "B", "b-1", PROMPT_B, "We used GB12 WEST 1234 5698.", T0 + 1)
+    assert kinds(found) == [ENTITY] and found[0].source_tenant == "A"
+
+
+def test_a_users_entity_that_its_own_answer_restates_is_never_the_models_habit():
+    """The source's own answer repeats the account it was asked about: the entity is
+    still the user's, and its leak to a third and fourth tenant is still a finding."""
+    engine = make_engine()
+    prompt = "Move the billing contact of account ZX-48213377 to the Halden office."
+    exchange(engine, "A", "a-1", prompt, "Done: account ZX-48213377 now bills Halden.", T0)
+    for i, victim in enumerate("BCD"):
+        found = exchange(engine, victim, f"{victim}-1", "Hi", "See ZX-48213377 here.", T0 + i)
+        assert kinds(found) == [ENTITY] and found[0].source_tenant == "A", victim

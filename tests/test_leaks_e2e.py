@@ -11,6 +11,7 @@ import time
 import urllib.request
 
 import openai
+import pytest
 from conftest import run_mitmdump, run_sim, wait_for_events
 from traffic import judge, load_truth, output_text, private_words_reached_client, run_workload
 
@@ -20,11 +21,11 @@ from proxy.factory import build_engine
 from proxy.store import journal
 
 REQUESTS, TENANTS = 1500, 24
-# Measured on this workload (docs/benchmarks.md, "Quality"): 95-100% of target leaks found, 97-99%
-# with the right source, 0-2 false positives in ~1,350 clean responses (the faults differ
-# from run to run); the issue asks 99%, 98% and <= 0.1%.
-# These floors, below the measured range, catch regressions without flaking.
-MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.95, 0.004
+# Measured on this workload (docs/benchmarks.md, "End to end"): 93-95% of target leaks
+# found (a finding must point into the leaked text), 100% of them with the right
+# source, 0 false positives in 1,350 clean responses, fresh engine and warm alike. The
+# floors sit below with a margin for the faults, which differ from run to run.
+MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.97, 0.002
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.1", "--seed", "11")
 
 
@@ -93,12 +94,18 @@ def assert_journal_replays_to(journal_dir, config_path, state, events) -> None:
     assert replayed == live, (sorted(replayed - live), sorted(live - replayed))
 
 
-def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm_config):
+@pytest.mark.parametrize("engine_state", ["fresh", "warm"])
+def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, request, engine_state):
+    """Fresh: the default settings, no key, nothing learned: enforce blocks from the first
+    request (no learning period) and blocks no clean response. Warm: a learned state."""
+    config = (
+        ()
+        if engine_state == "fresh"
+        else (f"crosstalk_config={request.getfixturevalue('warm_config')}",)
+    )
     with (
         run_sim(tmp_path, *SIM_ARGS) as sim,
-        run_mitmdump(
-            tmp_path, sim.url, f"crosstalk_config={warm_config}", "crosstalk_mode=enforce"
-        ) as proxy,
+        run_mitmdump(tmp_path, sim.url, *config, "crosstalk_mode=enforce") as proxy,
     ):
         results = run_workload(proxy.url, tenants=TENANTS, requests=REQUESTS, seed=21)
         events = exchanges_logged(proxy, results)
@@ -159,6 +166,8 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, warm
     assert len(j.targets) >= 30, report(j)
     assert len(j.found) / len(j.targets) >= MIN_RECALL, report(j)
     assert len(j.clean_flagged) / j.clean <= MAX_FALSE_POSITIVES, report(j)
+    # No clean response was blocked (a blocked one would not match the bytes sent).
+    assert not blocked - set(faults), sorted(blocked - set(faults))
 
 
 def test_enforce_stops_the_engine(tmp_path, warm_config):

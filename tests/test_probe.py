@@ -137,7 +137,7 @@ def test_probe_finds_injected_leaks_and_exits_nonzero(leaky: Sim, tmp_path: Path
     assert all(f["request_id"] in victims for f in entity_faults), entity_faults
     # A page of another tenant's prompt that holds one of its made-up values (canary,
     # email, key: single words, so a page holds them whole) is always found.
-    whole_value = re.compile(r"XTC[0-9A-F]{14}|[\w.]+@probe\d+\.example|sk-live-\w{28}")
+    whole_value = re.compile(r"XTC[0-9A-F]{14}|[\w.]+@probe\d+\.xtc-mail\.net|sk-live-\w{28}")
     pages = [
         f for f in faults.values()
         if f["kind"] == "prompt_page" and whole_value.search(f["leaked_text"])

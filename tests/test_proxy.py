@@ -212,6 +212,8 @@ def test_gzip_response_reaches_client_unchanged_and_detector_sees_plaintext(prox
                 "X-Request-ID": rid,
                 "x-sim-misbehave": "gzip",
                 "x-sim-fault": "prompt_page",
+                "x-sim-fault-source": "rid-gz-a",
+                "x-sim-fault-words": "16",
                 "Accept-Encoding": "gzip",
             },
         )
@@ -226,8 +228,8 @@ def test_gzip_response_reaches_client_unchanged_and_detector_sees_plaintext(prox
         leaks = [e for e in events if e["event"] == "leak.detected" and e["request_id"] == rid]
         truth = [json.loads(line) for line in sim.truth.read_text().splitlines()]
         fault = next(t for t in truth if t["request_id"] == rid)
-        if fault["source_tenant"] == "gz-a" and fault["leaked_words"] >= 8:
-            assert leaks and leaks[0]["source_tenant"] == "gz-a"
+        assert fault["source_tenant"] == "gz-a" and fault["leaked_words"] == 16, fault
+        assert leaks and leaks[0]["source_tenant"] == "gz-a", (rid, leaks)
 
 
 def test_error_event_and_truncated_stream_are_logged(proxy):

@@ -74,7 +74,7 @@ def test_replayed_records_give_the_live_findings():
 
 def test_records_hold_no_text():
     engine = Engine(EngineConfig(key=KEY))
-    secret = "Kestrel Halvorsen QX7731 maria.jensen@example.org"
+    secret = "Kestrel Halvorsen QX7731 maria.jensen@fjordpost.no"
     scan = engine.observe_prompt("A", "a-1", f"Please handle {secret} today", now=1.0)
     scan.feed(f"Done: {secret}.")
     scan.finish()

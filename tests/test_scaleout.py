@@ -666,7 +666,7 @@ def exchanges_logged(reps: list[Replica], results: list[Result]) -> list[dict]:
 
 REQUESTS, TENANTS = 600, 24
 # The single-replica floors of tests/test_leaks_e2e.py (docs/benchmarks.md, "Quality").
-MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.95, 0.004
+MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.97, 0.002
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.2", "--seed", "11")
 
 
@@ -768,7 +768,7 @@ def source_prompt(n: int) -> str:
     account = 10_000_000 + secrets.randbelow(80_000_000)
     return (
         f"Please move the billing contact of account ZX-{account} to "
-        f"morgan.{tag}.{n}@example.org before the next invoice run."
+        f"morgan.{tag}.{n}@halden-logistics.eu before the next invoice run."
     )
 
 

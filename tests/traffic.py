@@ -4,6 +4,12 @@ judge the outcome against the simulator's truth file.
 Used by the end-to-end leak tests (shadow and enforce). Every request carries its tenant
 and request id; the raw bytes each client received are kept, so that clean responses can
 be compared byte for byte with what the simulator sent.
+
+Judged by the simulator's truth, never by crosstalk's own code: targets come from the
+truth file's entities and the privacy oracle; the text a client received is read from the
+wire by this module's own small parser (JSON bodies and SSE ``data:`` lines), not by
+crosstalk's protocol parsers; and a leak counts as found only when a finding's span in the
+victim's output overlaps the text that was leaked there.
 """
 
 from __future__ import annotations
@@ -14,9 +20,6 @@ from dataclasses import dataclass, field
 
 import openai
 
-from proxy.engine.entities import extract_entities
-from proxy.protocols.openai import StreamParser, parse_response
-from proxy.protocols.sse import SSEDecoder
 from proxy.sim.faults import PAGE_KINDS
 from proxy.sim.oracle import Observed, PrivacyOracle, shingles
 from proxy.sim.workload import SimRequest, Workload
@@ -37,17 +40,34 @@ class Result:
         return output_text(self.request.endpoint, self.body, self.request.stream)
 
 
+def _choice_text(obj: object, endpoint: str) -> str:
+    """Choice 0's text in one OpenAI response object or stream chunk."""
+    if not isinstance(obj, dict):
+        return ""
+    for choice in obj.get("choices") or ():
+        if isinstance(choice, dict) and choice.get("index", 0) == 0:
+            if endpoint != "chat":
+                return choice.get("text") or ""
+            part = choice.get("delta") or choice.get("message") or {}
+            return (part.get("content") or "") if isinstance(part, dict) else ""
+    return ""
+
+
 def output_text(endpoint: str, body: bytes, stream: bool) -> str:
-    route = "chat" if endpoint == "chat" else "completions"
+    """Output text of choice 0 in the bytes a client received (OpenAI chat or
+    completions, whole or streamed), read independently of crosstalk's parsers."""
     if not stream:
         try:
-            return "".join(d.text for d in parse_response(route, body) if d.choice == 0)
+            return _choice_text(json.loads(body), endpoint)
         except ValueError:
             return ""
-    parser, decoder = StreamParser(route), SSEDecoder()
     text = []
-    for event in decoder.feed(body):
-        text += [d.text for d in parser.feed(event) if d.choice == 0]
+    for line in body.decode("utf-8", "replace").splitlines():
+        if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+            try:
+                text.append(_choice_text(json.loads(line[5:]), endpoint))
+            except ValueError:
+                continue  # a cut stream's last line, or the proxy's error event
     return "".join(text)
 
 
@@ -109,8 +129,9 @@ def judge(results, truth: list[dict], events: list[dict], sent, text_of=None) ->
 
     by_id = {r.request.request_id: r for r in results}
     faults = {t["request_id"]: t for t in truth if t["request_id"] in by_id}
+    answers = {rid: text_of(r, sent(rid)) for rid, r in by_id.items()}
     oracle = PrivacyOracle(
-        Observed(r.request.tenant, r.request.prompt_text(), text_of(r, sent(rid)),
+        Observed(r.request.tenant, r.request.prompt_text(), answers[rid],
                  faults.get(rid, {}).get("leaked_text", ""))
         for rid, r in by_id.items()
     )  # fmt: skip
@@ -129,13 +150,27 @@ def judge(results, truth: list[dict], events: list[dict], sent, text_of=None) ->
         if not is_target(fault, oracle, by_id):
             continue
         j.targets.append(fault)
-        if rid in leaks:
+        on_leak = [e for e in leaks.get(rid, []) if overlaps(e, fault, answers[rid])]
+        if on_leak:
             j.found.append(fault)
-            if leaks[rid][0]["source_tenant"] == fault["source_tenant"]:
+            if on_leak[0]["source_tenant"] == fault["source_tenant"]:
                 j.right_source.append(fault)
         else:
             j.missed.append(fault)
     return j
+
+
+def overlaps(event: dict, fault: dict, answer: str) -> bool:
+    """Whether a leak.detected event points into the text the fault leaked into
+    ``answer`` (choice 0's text as the simulator sent it). A whole mis-routed answer is
+    the leaked text everywhere."""
+    if event.get("choice", 0) != 0:
+        return False
+    start, end = event["output_offset"]
+    at = answer.find(fault["leaked_text"])
+    if at < 0:
+        return fault["kind"] == "misroute"
+    return start < at + len(fault["leaked_text"]) and at < end
 
 
 def is_target(fault: dict, oracle: PrivacyOracle, by_id: dict[str, Result]) -> bool:
@@ -144,7 +179,7 @@ def is_target(fault: dict, oracle: PrivacyOracle, by_id: dict[str, Result]) -> b
     if fault["kind"] in TARGET_PAGE_KINDS:
         return oracle.private_run(fault["source_tenant"], fault["leaked_text"]) >= 8
     if fault["kind"] == "entities":
-        entities = [e.text.lower() for e in extract_entities(fault["leaked_text"])]
+        entities = [e.lower() for e in fault.get("entities", ())]
         others = [
             (r.request.prompt_text()).lower()
             for r in by_id.values()

@@ -175,7 +175,7 @@ def make_request(index: int, tenant: Tenant, rng: random.Random) -> ProbeRequest
     hexdigits = "0123456789ABCDEF"
     canary = "XTC" + "".join(rng.choice(hexdigits) for _ in range(14))
     first, last = rng.choice(_FIRST), rng.choice(_LAST)
-    email = f"{first.lower()}.{last.lower()}{rng.randint(1000, 99999)}@probe{rng.randint(10, 999)}.example"
+    email = f"{first.lower()}.{last.lower()}{rng.randint(1000, 99999)}@probe{rng.randint(10, 999)}.xtc-mail.net"
     card = luhn_complete("4" + "".join(rng.choice("0123456789") for _ in range(14)))
     card = " ".join(card[i : i + 4] for i in range(0, 16, 4))
     key = "sk-live-" + "".join(

@@ -24,19 +24,21 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
 
 import numpy as np
 
+from proxy.engine.baseline import Baseline, BaselineError
 from proxy.engine.entities import (
     EntityIndex,
     EntityScanner,
     extract_entities,
     fold,
     iter_entity_keys,
+    public_number_texts,
 )
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
@@ -45,6 +47,10 @@ from proxy.engine.tokens import StreamTokenizer, UnitBatch, unit_texts
 
 #: Fingerprints of a prompt classified per step of ``Engine.observe_prompt_steps``.
 OBSERVE_STEP = 128
+#: Distinct non-plain units of a prompt kept per request (a hash-ordered sample beyond):
+#: what makes text of that request's output specific to it (``_ChoiceState.specific``).
+PROMPT_UNITS_KEPT = 512
+_NO_UNITS = np.zeros(0, dtype=np.uint64)
 
 
 def run_steps[T](steps: Generator[None, None, T]) -> T:
@@ -115,6 +121,9 @@ class _Request:
     time: float
     signature: np.ndarray  # bottom-k of the prompt's private fingerprints
     prompt_digest: bytes
+    # Sorted unit hashes of the prompt's non-plain words and numbers (at most
+    # PROMPT_UNITS_KEPT): an answer that restates them is specific to this exchange.
+    prompt_units: np.ndarray = field(default_factory=lambda: _NO_UNITS)
 
 
 @dataclass(slots=True)
@@ -131,6 +140,10 @@ class _Run:
     distinct_units: set[int] = field(default_factory=set)
     first: int = -1  # first unit ever covered
     kgrams: int = 0  # k-grams matched
+    # Covered units that may tie a foreign output to its exchange: a number, or a
+    # non-plain word of the source's own prompt (up to 8; ``_ChoiceState.tied`` decides,
+    # once the units around them have arrived).
+    specific: set[int] = field(default_factory=set)
 
 
 class Engine:
@@ -154,6 +167,12 @@ class Engine:
         self._tenant_keys: dict[str, int] = {}
         self.vocabulary = Vocabulary(config.common_tenants, config.plain_share)
         self.baseline: set[int] = set()
+        #: Baseline files' fingerprints (``add_baseline_file``), sorted: a large corpus
+        #: costs 8 bytes a fingerprint here, not a Python set's ~60.
+        self.baseline_sorted = np.zeros(0, dtype=np.uint64)
+        #: Unit hashes of numbers that are public by convention (test cards, 555).
+        self.public_numbers = frozenset(self.hasher.units(sorted(public_number_texts())))
+        self.exchange_555 = self.hasher.unit("555")
         self._baseline_entities: set[str] = set()
         self._requests: dict[int, _Request] = {}
         self._order: deque[int] = deque()  # slots by time, for expiry
@@ -185,6 +204,19 @@ class Engine:
         self.baseline.update(self.hasher.kgrams_of_hashes(hashes))
         self.vocabulary.add_plain(hashes)
         self._baseline_entities.update(self.entity_id(key) for _, key in iter_entity_keys(text))
+
+    def add_baseline_file(self, baseline: Baseline) -> None:
+        """A public corpus in keyed form (``crosstalk baseline build``): its text is never
+        anyone's private text, its words are plain, its entities nobody's. Raises
+        BaselineError when it was made with another key or shingle size."""
+        if (baseline.key_id, baseline.k) != (self.hasher.key_id, self.config.k):
+            raise BaselineError(
+                f"baseline made with key {baseline.key_id} k={baseline.k}, not key "
+                f"{self.hasher.key_id} k={self.config.k}: rebuild it with this detection.key"
+            )
+        self.baseline_sorted = np.union1d(self.baseline_sorted, baseline.kgrams)
+        self.vocabulary.add_plain(baseline.units.tolist())
+        self._baseline_entities.update(baseline.entities)
 
     def entity_id(self, folded: str) -> str:
         """An entity's id: the keyed hash of its folded text (also its evidence)."""
@@ -307,6 +339,9 @@ class Engine:
         private = [fp for fp, keep in zip(fps, is_private, strict=True) if keep]
         model_fps = set(self.hasher.kgrams_of_hashes(model_hashes))
         signature = np.unique(np.array(private, dtype=np.uint64))
+        # The user's words: what earlier assistant turns of the prompt wrote is a model's.
+        users = (Counter(hashes) - Counter(model_hashes)) if model_hashes else hashes
+        rare = set(users).difference(self.vocabulary.plain)
         slot = self._new_slot(
             tenant,
             record.request_id,
@@ -314,6 +349,7 @@ class Engine:
             # a copy: a slice would keep the whole array alive
             signature=signature[: self.config.prompt_signature_size].copy(),
             digest=self.hasher.digest(record.units.tobytes()).encode(),
+            prompt_units=np.sort(np.fromiter(rare, np.uint64, len(rare)))[:PROMPT_UNITS_KEPT],
         )
         value = slot << 1
         winnowed = [fp for _, fp in winnow(private, self.config.winnow_window)]
@@ -345,6 +381,11 @@ class Engine:
         private = [not c and len(values) < 64 for c, values in zip(common, owners, strict=True)]
         if baseline := self.baseline:
             private = [p and fp not in baseline for p, fp in zip(private, fps, strict=True)]
+        if (corpus := self.baseline_sorted).size:
+            keys = np.array(fps, dtype=np.uint64)
+            at = np.minimum(np.searchsorted(corpus, keys), corpus.size - 1)
+            public = (corpus[at] == keys).tolist()
+            private = [p and not pub for p, pub in zip(private, public, strict=True)]
         # Comprehensions, not one loop with appends: most fingerprints have no owner.
         unowned = [
             fp
@@ -385,12 +426,13 @@ class Engine:
         *,
         signature: np.ndarray | None = None,
         digest: bytes = b"",
+        prompt_units: np.ndarray = _NO_UNITS,
     ) -> int:
         slot = self._next_slot
         self._next_slot += 1
         if signature is None:
-            signature = np.zeros(0, dtype=np.uint64)
-        self._requests[slot] = _Request(tenant, request_id, now, signature, digest)
+            signature = _NO_UNITS
+        self._requests[slot] = _Request(tenant, request_id, now, signature, digest, prompt_units)
         self._order.append(slot)
         return slot
 
@@ -555,7 +597,12 @@ class ResponseScan:
         found = self._entity_findings(choice, [(s, e, i) for _, i, s, e in state.extracted])
         output_value = (self.slot << 1) | 1
         for kind, entity_id, _, _ in state.extracted:
-            if entity_id in self._foreign_entities or entity_id in engine._baseline_entities:
+            if entity_id in self._foreign_entities:
+                owner = engine.entities.table.get(entity_id)
+                if owner is not None and owner.model_born() and len(owner.echoes) < 8:
+                    owner.echoes.add(self.tenant)  # the model wrote it here too
+                continue
+            if entity_id in engine._baseline_entities:
                 continue
             engine.entities.add(
                 entity_id,
@@ -672,7 +719,10 @@ class ResponseScan:
             selected.append(tail)
         if not new:
             self._learn_from([], {}, [fp for _, fp in selected])
-            return []
+            if not final:
+                return []
+            state.complete = True  # candidates that waited for a next unit decide now
+            return self._fragment_findings(state, choice, set(state.runs))
         fps = [fp for _, fp in new]
         is_private, owners, unowned = engine._classify(self.tenant, fps)
         private = {fp for fp, keep in zip(fps, is_private, strict=True) if keep}
@@ -683,7 +733,7 @@ class ResponseScan:
                 continue
             foreign = self._foreign_values(values)
             for value in foreign:
-                state.cover(value, index, engine.config.k, fp)
+                state.cover(value, index, engine.config.k, fp, self._specific_units(value))
                 touched.add(value)
             if foreign:
                 # Another tenant's text in this output is not this tenant's text: it must
@@ -691,6 +741,10 @@ class ResponseScan:
                 private.discard(fp)
         holders = {fp: values for fp, values in zip(fps, owners, strict=True) if values}
         self._learn_from(unowned, holders, [fp for _, fp in selected if fp in private])
+        if final:
+            # Every unit has arrived: candidates that waited for their next unit decide.
+            state.complete = True
+            touched.update(state.runs)
         return self._fragment_findings(state, choice, touched)
 
     def _count_holders(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
@@ -726,6 +780,15 @@ class ResponseScan:
         else:
             self._to_count += unowned
         self.engine.index.add_many(to_index, (self.slot << 1) | 1, self._now)
+
+    def _specific_units(self, value: int) -> np.ndarray | None:
+        """For a foreign output (index value with the output bit), the units that make
+        its text specific to its exchange; None for a foreign prompt (a user's words are
+        that user's own, whatever they are)."""
+        if not value & 1:
+            return None
+        record = self.engine._requests.get(value >> 1)
+        return record.prompt_units if record is not None else _NO_UNITS
 
     def _same_question(self, slot: int) -> bool:
         """``Engine.similar_prompts`` of this request and ``slot``, once per slot: a
@@ -798,9 +861,18 @@ class ResponseScan:
         as long; or, for pages cut into short pieces by common text and for whole
         mis-routed answers, coverage of ``2 * min_run_words`` that fills at least
         ``containment`` of the span it is scattered over, with two distinctive words (or
-        ``plain_cover_factor * min_run_words`` of coverage without them).
+        ``plain_cover_factor * min_run_words`` of coverage without them). A foreign
+        output's coverage must also hold a unit specific to its exchange
+        (``_Run.specific``), on every path.
         """
         config = self.engine.config
+        if of_output and not any(state.tied(i) for i in run.specific):
+            # A model writes the same phrasing, code scaffolding and even names for many
+            # tenants; what only one exchange's output holds is its numbers and the words
+            # of its own prompt it restates. Without one, a foreign output's text is
+            # explained as the model's habit, on any path below (a mis-route included:
+            # an answer with nothing of its exchange in it tells nobody anything).
+            return False
         factor = config.plain_output_factor if of_output else config.plain_run_factor
         if factor and run.best >= threshold * factor:
             return True
@@ -830,7 +902,7 @@ class ResponseScan:
                 continue
             self._foreign_entities.add(entity_id)
             is_canary = owner.kind == CANARY
-            if not is_canary and len(owner.tenants) >= self.engine.config.common_tenants:
+            if not is_canary and owner.users() >= self.engine.config.common_tenants:
                 continue
             sources = [
                 (t, value)
@@ -879,6 +951,9 @@ class _ChoiceState:
         "cumulative",
         "runs",
         "vocabulary",
+        "public_numbers",
+        "exchange_555",
+        "complete",
         "own_units",
         "private_kgrams",
         "batches",
@@ -902,6 +977,9 @@ class _ChoiceState:
         self.cumulative: list[int] = [0]
         self.runs: dict[int, _Run] = {}
         self.vocabulary = engine.vocabulary
+        self.public_numbers = engine.public_numbers
+        self.exchange_555 = engine.exchange_555
+        self.complete = False  # the last unit of the choice has arrived
         self.own_units = own_units
         self.private_kgrams = 0  # k-grams of this output that are not common text
         # For the keyed record: units scanned after each feed, entity matches with the
@@ -945,11 +1023,35 @@ class _ChoiceState:
             self.numbers[i] or not self.vocabulary.is_plain(unit)
         )
 
+    def specific(self, i: int, prompt_units: np.ndarray) -> bool:
+        """Unit ``i`` ties a foreign output to its own exchange: a specific number (not one
+        public by convention, such as a test card's digits), or a non-plain word of that
+        exchange's prompt; and not a unit of the victim's own prompt (which explains it)."""
+        unit = self.hashes[i]
+        if unit in self.own_units:
+            return False
+        if self.numbers[i]:
+            return unit not in self.public_numbers
+        at = int(np.searchsorted(prompt_units, np.uint64(unit)))
+        return at < len(prompt_units) and int(prompt_units[at]) == unit
+
+    def tied(self, i: int) -> bool:
+        """A candidate of ``specific`` still stands with the units around it: a number
+        next to the fictional 555 exchange (an area code, a line) is a placeholder's."""
+        if not self.numbers[i]:
+            return True
+        if i + 1 >= len(self.hashes) and not self.complete:
+            return False  # undecided until the next unit (or the end) arrives
+        return self.exchange_555 not in self.hashes[max(0, i - 1) : i + 2]
+
     def distinctive(self, start: int, stop: int) -> bool:
         return any(self.distinct(i) for i in range(start, stop))
 
-    def cover(self, source: int, index: int, k: int, fp: int) -> None:
-        """Mark units ``index .. index+k-1`` as matching ``source`` (an index value)."""
+    def cover(
+        self, source: int, index: int, k: int, fp: int, specific_to: np.ndarray | None = None
+    ) -> None:
+        """Mark units ``index .. index+k-1`` as matching ``source`` (an index value);
+        ``specific_to``: the source's prompt units, when the source is an output."""
         run = self.runs.get(source)
         if run is None:
             run = self.runs[source] = _Run()
@@ -965,6 +1067,10 @@ class _ChoiceState:
         run.end = max(run.end, last)
         if len(run.distinct_units) < 2:
             run.distinct_units.update(i for i in range(first_new, last + 1) if self.distinct(i))
+        if specific_to is not None and len(run.specific) < 8:
+            run.specific.update(
+                i for i in range(first_new, last + 1) if self.specific(i, specific_to)
+            )
         weight = cum[run.end + 1] - cum[run.start]
         if weight > run.best:
             run.best, run.best_start, run.best_end = weight, run.start, run.end

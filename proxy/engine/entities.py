@@ -130,6 +130,93 @@ _NEEDS: dict[str, Callable[[str], object]] = {
 }
 
 
+# Strings shaped like entities that belong to nobody: what documentation, tutorials and
+# models write as examples for everyone (docs/background.md, "Shared text that is not a
+# leak"). Reserved example domains (RFC 2606, RFC 6761) and placeholder mailboxes:
+_EXAMPLE_DOMAIN = re.compile(
+    r"(?:^|\.)(?:example(?:\.[a-z]{2,3}){1,2}|[a-z0-9-]+\.(?:example|test|invalid|localhost)|"
+    r"localhost|domain\.com|email\.com|yourcompany\.com|company\.com)$"
+)
+_PLACEHOLDER_MAILBOX = re.compile(
+    r"^(?:john|jane)[._]?doe|^(?:your|my)[._]?(?:name|email)|^(?:user|username|name|someone|"
+    r"test|foo|bar|email|me|you)$"
+)
+# Published test and documentation numbers: card networks' and payment processors' test
+# cards, the IBANs of standards and bank documentation, the SSNs of famous misuse.
+_DOCUMENTED = frozenset(
+    {
+        "4111111111111111", "4242424242424242", "4012888888881881", "4000056655665556",
+        "4000000000000002", "5555555555554444", "5105105105105100", "2223003122003222",
+        "378282246310005", "371449635398431", "6011111111111117", "6011000990139424",
+        "3056930009020004", "36227206271667", "3566002020360505", "6200000000000005",
+        "gb82west12345698765432", "gb29nwbk60161331926819", "de89370400440532013000",
+        "fr1420041010050500013m02606", "es9121000418450200051332", "nl91abna0417164300",
+        "it60x0542811101000000123456", "ch9300762011623852957", "be68539007547034",
+        "at611904300234573201", "123456789", "078051120", "219099999",
+    }
+)  # fmt: skip
+
+
+def public_number_texts() -> set[str]:
+    """Digit groups that are public by convention, never a specific of anyone's: the
+    groups of the documented numbers above, the fictional 555 exchange and its 0100-0199
+    lines, repeated digits and counting runs. A run of another tenant's output is not
+    made specific by one of them (``_ChoiceState.specific``)."""
+    groups = {g for value in _DOCUMENTED for g in re.findall(r"\d{3,}", value)}
+    for value in ("4111 1111 1111 1111", "4242 4242 4242 4242", "5555 5555 5555 4444"):
+        groups.update(value.split())
+    groups.update(f"0{line}" for line in range(100, 200))
+    groups.update(d * n for d in "0123456789" for n in range(3, 11))
+    groups.update("1234567890"[:n] for n in range(3, 11))
+    groups.update("0123456789"[:n] for n in range(3, 11))
+    groups.add("555")
+    return groups
+
+
+_FILLER = re.compile(
+    r"x{4,}|your[-_]?(?:api[-_]?)?(?:key|token|secret)|example|placeholder|dummy", re.I
+)
+
+
+def _monotonous(text: str) -> bool:
+    """Token soup: few distinct characters, one short pattern repeated, or a counting run
+    (``12345678``, ``abcdefgh``) -- what a filler value or a broken model writes."""
+    body = re.sub(r"[^a-z0-9]", "", text.lower())
+    if len(body) < MIN_ENTITY_CHARS:
+        return False
+    if len(set(body)) <= max(2, len(body) // 8):
+        return True
+    if any(body == (body[:p] * (len(body) // p + 1))[: len(body)] for p in range(1, 5)):
+        return True
+    steps = {ord(b) - ord(a) for a, b in zip(body, body[1:], strict=False)}
+    return steps <= {1} or steps <= {-1}
+
+
+def is_placeholder(kind: str, value: str) -> bool:
+    """Whether an entity-shaped ``value`` of ``kind`` is an example that belongs to nobody:
+    a reserved example domain or placeholder mailbox, a published test or documentation
+    number, an invalid US SSN, a fictional 555 phone number, filler (``xxxx``,
+    ``EXAMPLE``, ``your-api-key``) or token soup."""
+    low = value.lower()
+    if kind == "email":
+        mailbox, _, domain = low.partition("@")
+        return bool(_EXAMPLE_DOMAIN.search(domain) or _PLACEHOLDER_MAILBOX.search(mailbox))
+    digits = _digits(value)
+    if re.sub(r"[\s-]", "", low) in _DOCUMENTED or (digits and digits in _DOCUMENTED):
+        return True
+    if kind == "national_id" and len(digits) == 9:
+        area, group, serial = digits[:3], digits[3:5], digits[5:]
+        return area in ("000", "666") or area[0] == "9" or group == "00" or serial == "0000"
+    if kind == "phone":
+        national = digits[1:] if len(digits) == 11 and digits[0] == "1" else digits
+        return len(national) == 10 and "555" in (national[:3], national[3:6])
+    if _FILLER.search(value):
+        return True
+    if kind in ("api_key", "token", "digit_id", "card", "url_secret"):
+        return _monotonous(re.sub(r"^(?:sk-(?:proj-|ant-)?|gh[pousr]_|xox[abpr]-|akia)", "", low))
+    return False
+
+
 @dataclass(frozen=True, slots=True)
 class Entity:
     kind: str
@@ -139,7 +226,8 @@ class Entity:
 
 
 def extract_entities(text: str) -> list[Entity]:
-    """Entities in ``text``, non-overlapping, in order of position."""
+    """Entities in ``text``, non-overlapping, in order of position. Placeholders
+    (``is_placeholder``) claim their span but are not returned: nobody owns them."""
     claimed: list[tuple[int, int]] = []
     found: list[Entity] = []
     for kind, pattern, valid in _PATTERNS:
@@ -155,7 +243,8 @@ def extract_entities(text: str) -> list[Entity]:
             if any(s < ce and cs < e for cs, ce in claimed):
                 continue
             claimed.append((s, e))
-            found.append(Entity(kind, value, s, e))
+            if not is_placeholder(kind, value):
+                found.append(Entity(kind, value, s, e))
     found.sort(key=lambda ent: ent.start)
     return found
 
@@ -167,6 +256,17 @@ class EntityOwner:
     kind: str
     tenants: dict[str, tuple[int, float]] = field(default_factory=dict)
     pinned: bool = False  # canaries never expire
+    # Other tenants whose outputs wrote it too, while no prompt holds it: a string the
+    # model writes for everyone is its habit once common_tenants tenants have seen it.
+    echoes: set[str] = field(default_factory=set)
+    prompted: bool = False  # some prompt held it (an index value without the output bit)
+
+    def model_born(self) -> bool:
+        """No prompt ever held it: only models wrote it."""
+        return not self.prompted
+
+    def users(self) -> int:
+        return len(self.tenants) + len(self.echoes - self.tenants.keys())
 
 
 class EntityIndex:
@@ -213,6 +313,7 @@ class EntityIndex:
             self.pending.append((entity_id, text))
             self.longest = max(self.longest, len(text))
         owner.tenants[tenant] = (value, now)
+        owner.prompted |= not value & 1
         owner.pinned |= pin
         if not owner.pinned:
             self._by_time.append((now, entity_id, tenant))
@@ -374,7 +475,19 @@ class EntityScanner:
         return out
 
 
+#: Characters (spaces included) of an IBAN's head that are keyed on their own: a page
+#: cut mid-IBAN still carries country, check digits, bank and most of the account.
+IBAN_HEAD_CHARS = 19
+
+
 def iter_entity_keys(text: str) -> Iterator[tuple[str, str]]:
-    """``(kind, key)`` for every entity in ``text``; key is the lowercased text."""
+    """``(kind, key)`` for every entity in ``text``; key is the lowercased text. A long
+    IBAN also yields its head (``IBAN_HEAD_CHARS``, ending on a whole group): a leaked
+    page that cuts the IBAN short is still that account's."""
     for ent in extract_entities(text):
-        yield ent.kind, fold(ent.text)
+        key = fold(ent.text)
+        yield ent.kind, key
+        if ent.kind == "iban" and len(key) > IBAN_HEAD_CHARS:
+            head = key[:IBAN_HEAD_CHARS].rstrip()
+            if " " not in key or key[len(head)] == " ":
+                yield ent.kind, head

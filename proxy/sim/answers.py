@@ -313,9 +313,31 @@ def _identifiers(question: str, rng: random.Random) -> tuple[str, str]:
     return func, arg
 
 
+# Values a model writes into examples for every tenant that asks: documentation example
+# keys, placeholder emails, test card numbers, filler tokens. They look like entities
+# but are nobody's (docs/background.md, "Shared text that is not a leak").
+MODEL_PLACEHOLDERS: tuple[str, ...] = (
+    'API_KEY = "AKIAIOSFODNN7EXAMPLE"  # replace with your own key',
+    'AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"',
+    'CONTACT = "john.doe@example.com"',
+    'TEST_CARD = "4111 1111 1111 1111"',
+    'TOKEN = "sk-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"',
+    'ACCOUNT_ID = "12345678"',
+    'SUPPORT_PHONE = "(212) 555-0147"',
+    'IBAN = "DE89370400440532013000"  # documentation example',
+)
+PLACEHOLDER_SHARE = 0.4  # of code blocks that carry one
+
+
 def _code_block(question: str, rng: random.Random) -> str:
-    """A python code block: shared boilerplate around prompt-specific identifiers."""
+    """A python code block: shared boilerplate around prompt-specific identifiers, and
+    sometimes a placeholder value (``MODEL_PLACEHOLDERS``, drawn from its own seed so that
+    the rest of the answer is as it was)."""
     func, arg = _identifiers(question, rng)
+    habit = random.Random(prompt_seed(question, 7919))
+    placeholder = ""
+    if habit.random() < PLACEHOLDER_SHARE:
+        placeholder = habit.choice(MODEL_PLACEHOLDERS) + "\n"
     imports = ["import json", "import logging", "import sys"]
     if rng.random() < 0.5:
         imports.append("from pathlib import Path")
@@ -332,7 +354,9 @@ def _code_block(question: str, rng: random.Random) -> str:
     return (
         "```python\n"
         + "\n".join(sorted(imports))
-        + "\n\nlogger = logging.getLogger(__name__)\n\n\n"
+        + "\n\nlogger = logging.getLogger(__name__)\n"
+        + placeholder
+        + "\n\n"
         + f"def {func}({arg}: list) -> dict:\n"
         + f'    """{question[:60].strip()}"""\n'
         + rng.choice(body_variants)

@@ -276,11 +276,15 @@ class FaultInjector:
         answer: str,
         *,
         force: str | None = None,
+        source: str | None = None,
+        words: int | None = None,
     ) -> tuple[str, Fault | None]:
         """Maybe corrupt `answer`; returns (answer to send, fault or None).
 
         With `force` set to a kind name the fault is always attempted (the kind need not be in
         `kinds`). Leaks need a recent exchange of a different tenant; without one, no fault.
+        Test hooks: `source` (a request id) leaks from that exchange only, and `words` sets
+        a page's size.
         """
         del prompt  # the victim's own prompt is never the source of a cross-tenant leak
         if force is not None:
@@ -291,15 +295,19 @@ class FaultInjector:
             if self.rate <= 0.0 or self._rng.random() >= self.rate:
                 return answer, None
             kind = self._rng.choice(self.kinds)
-        fault_answer = self._inject(kind, tenant, request_id, answer)
+        fault_answer = self._inject(kind, tenant, request_id, answer, source, words)
         if fault_answer is None:
             return answer, None
         new_answer, fault = fault_answer
         self._record(fault)
         return new_answer, fault
 
-    def _candidates(self, tenant: str) -> list[Exchange]:
-        return [e for e in self._ring if e.tenant != tenant][-RECENT_WINDOW:]
+    def _candidates(self, tenant: str, source: str | None = None) -> list[Exchange]:
+        return [
+            e
+            for e in self._ring
+            if e.tenant != tenant and (source is None or e.request_id == source)
+        ][-RECENT_WINDOW:]
 
     def _pick(self, candidates: Sequence[Exchange]) -> Exchange:
         """One candidate, favouring the most recent (linear weights)."""
@@ -307,7 +315,13 @@ class FaultInjector:
         return self._rng.choices(candidates, weights=weights, k=1)[0]
 
     def _inject(
-        self, kind: str, tenant: str, request_id: str, answer: str
+        self,
+        kind: str,
+        tenant: str,
+        request_id: str,
+        answer: str,
+        source_id: str | None = None,
+        words: int | None = None,
     ) -> tuple[str, Fault] | None:
         rng = self._rng
         if kind == "degenerate":
@@ -315,7 +329,7 @@ class FaultInjector:
             return new, Fault(
                 request_id, tenant, None, None, kind, garbage, count_units(garbage), position
             )
-        candidates = self._candidates(tenant)
+        candidates = self._candidates(tenant, source_id)
         if not candidates:
             return None
         if kind == "entities":
@@ -336,7 +350,7 @@ class FaultInjector:
                 count_units(leaked),
                 "whole",
             )
-        n = rng.choice(self.page_words)
+        n = words or rng.choice(self.page_words)
         if kind in ("prompt_page", "noisy_page"):
             # The private part is what matters; a shared system prompt is no secret. When the
             # private part is shorter than a page, leak the page that ends the prompt: it holds

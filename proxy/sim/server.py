@@ -465,7 +465,15 @@ def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) 
     # faults skip responses that will never be delivered whole, or the truth file would list
     # leaks no detector could see; a forced fault is always applied.
     if force is not None or not misbehave & UNDELIVERED:
-        answers[0], _ = state.injector.apply(tenant, request_id, prompt, answers[0], force=force)
+        answers[0], _ = state.injector.apply(
+            tenant,
+            request_id,
+            prompt,
+            answers[0],
+            force=force,
+            source=request.headers.get("x-sim-fault-source") or None,
+            words=int(w) if (w := request.headers.get("x-sim-fault-words", "")).isdigit() else None,
+        )
     return _Exchange(
         kind, tenant, request_id, prompt, private, stream, include_usage, answers, finish, misbehave
     )
