@@ -59,6 +59,9 @@ TARGETS = (
     ("warm", "fp_all", 0.0005, "max"),
     ("public text, baseline", "recitations_flagged", 0.0005, "max"),
 )
+#: What CI's ``--quick`` run gates instead of a target, where a revision has to say it
+#: misses one (limit by (label, name)); empty: CI gates the targets themselves.
+CI_FLOORS: dict[tuple[str, str], float] = {}
 
 
 @dataclass
@@ -74,8 +77,11 @@ class Exchange:
 
 
 def model_text_of(req) -> str:
-    """The earlier assistant turns of a request's conversation (the proxy passes them as
-    ``model_text``: a model's words, judged as an output's)."""
+    """The earlier assistant turns of a chat request's conversation, as the proxy passes
+    them (``model_text``: a model's words, judged as an output's). A completions prompt
+    is one string: the proxy cannot tell the turns in it apart, and neither does this."""
+    if req.endpoint != "chat":
+        return ""
     return "\n".join(
         m["content"]
         for m in req.messages
@@ -547,10 +553,14 @@ def rates(result: dict) -> dict[str, float]:
     }
 
 
-def check_targets(results: dict[str, dict], public: dict[str, dict]) -> list[str]:
+def check_targets(
+    results: dict[str, dict], public: dict[str, dict], floors: dict | None = None
+) -> list[str]:
     """One line per target, PASS or FAIL; the failures are returned. Public text recited
-    to a tenant is held to the false-positive target once its corpus is a baseline."""
+    to a tenant is held to the false-positive target once its corpus is a baseline.
+    ``floors`` replaces some limits (CI's regression gate); both limits are printed."""
     failed = []
+    floors = floors or {}
     print("\n### targets\n")
     with_baseline = public["baseline of the corpus"]
     figures = {label: rates(result) for label, result in results.items()}
@@ -562,9 +572,12 @@ def check_targets(results: dict[str, dict], public: dict[str, dict]) -> list[str
         if label not in figures:
             continue
         value = figures[label][name]
-        ok = value >= limit if kind == "min" else value <= limit
+        target_ok = value >= limit if kind == "min" else value <= limit
         line = f"{label}: {name} {100 * value:.2f}% ({kind} {100 * limit:g}%)"
-        print(f"- {'PASS' if ok else 'FAIL'} {line}")
+        gate = floors.get((label, name), limit)
+        ok = value >= gate if kind == "min" else value <= gate
+        note = "" if gate == limit else f"; CI floor {100 * gate:g}%: {'met' if ok else 'MISSED'}"
+        print(f"- {'PASS' if target_ok else 'FAIL'} {line}{note}")
         if not ok:
             failed.append(line)
     return failed
@@ -609,7 +622,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="CI: the leak rows only (no degenerate or canary sections); same seeds",
+        help="CI: the leak and public-text rows only (no degenerate or canary sections), "
+        "same seeds; exits 1 below the CI floors (CI_FLOORS) instead of the targets",
     )
     p.add_argument("--show-fp", type=int, default=3, help="print N false positives and misses")
     return p.parse_args(argv)
@@ -693,7 +707,7 @@ def main(argv=None) -> int:
             )
             print("   why:", explain_miss(ex))
     public = public_text_signal(args, config)
-    failed = check_targets(results, public)
+    failed = check_targets(results, public, CI_FLOORS if args.quick else None)
     degenerate = {} if args.quick else degenerate_signal(args)
     canary = {} if args.quick else canary_signal(args, config)
     if args.json:

@@ -17,6 +17,7 @@ from proxy.store.journal import JournalSettings
 from proxy.tenants import SOURCES
 
 MODES = ("shadow", "enforce")
+LOG_FORMATS = ("auto", "json", "console")
 SHADOW_DETECTORS = ("auto", "inline", "process")
 UNKNOWN_TENANT = ("anonymous", "reject")
 _ENGINE = EngineConfig()
@@ -34,6 +35,7 @@ class ProxySection:
     mode: str = "shadow"
     log_file: str = ""  # empty: stderr
     log_level: str = "info"
+    log_format: str = "auto"  # auto (console on a terminal, else JSON lines) | json | console
     log_evidence_text: bool = False
 
 
@@ -278,6 +280,8 @@ def validate(config: Config) -> Config:
         raise ConfigError(f"proxy.upstream must be an http:// or https:// URL: {p.upstream!r}")
     if not 0 <= p.listen_port <= 65535:
         raise ConfigError("proxy.listen_port must be 0..65535")
+    if p.log_format not in LOG_FORMATS:
+        raise ConfigError(f"proxy.log_format must be one of {LOG_FORMATS}, not {p.log_format!r}")
     if t.unknown not in UNKNOWN_TENANT:
         raise ConfigError(f"tenants.unknown must be one of {UNKNOWN_TENANT}")
     if bad := set(t.sources) - set(SOURCES):

@@ -1208,3 +1208,19 @@ def test_a_users_entity_that_its_own_answer_restates_is_never_the_models_habit()
     for i, victim in enumerate("BCD"):
         found = exchange(engine, victim, f"{victim}-1", "Hi", "See ZX-48213377 here.", T0 + i)
         assert kinds(found) == [ENTITY] and found[0].source_tenant == "A", victim
+
+
+def test_a_prompt_holding_what_the_model_wrote_for_others_is_judged_as_the_models():
+    """A completions prompt is one string: the earlier assistant turn in it is a model's
+    phrasing, which the model also wrote into another tenant's answer. A third tenant's
+    answer with that phrasing is not a leak of the prompt. Control: a page of the
+    prompt's own words, which no output holds, still is."""
+    engine = make_engine()
+    turn = "If you would like more detail, I can expand on any of the points you raised."
+    exchange(engine, "A", "a-1", "Say hi.", f"Hi. {turn}", T0)
+    prompt = f"User: plan the Varnhagen audit\nAssistant: {turn}\nUser: Kestrel deadline?"
+    exchange(engine, "P", "p-1", prompt, "Noted.", T0 + 1)
+    assert exchange(engine, "V", "v-1", "Tips?", f"Sure. {turn}", T0 + 2) == []
+    page = "User: plan the Varnhagen audit Assistant: If you would like more detail"
+    found = exchange(engine, "W", "w-1", "News?", f"{page}.", T0 + 3)
+    assert kinds(found) == [FRAGMENT] and found[0].source_tenant == "P"

@@ -16,6 +16,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="TOML configuration (see config/crosstalk.example.toml)")
     p.add_argument("--log-file", help="JSON-lines event log; default stderr")
     p.add_argument("--log-level", choices=("debug", "info", "warning"))
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "json", "console"),
+        help="auto (default): readable on a terminal, JSON lines to files and pipes",
+    )
     p.add_argument("--mode", choices=("shadow", "enforce"), help="default shadow")
     p.add_argument(
         "--journal",
@@ -70,6 +75,7 @@ def main(args: argparse.Namespace) -> int:
             proxy__listen_port=args.listen_port,
             proxy__log_file=args.log_file,
             proxy__log_level=args.log_level,
+            proxy__log_format=args.log_format,
             proxy__mode=args.mode,
             journal__directory=args.journal,
             index__url=args.index,

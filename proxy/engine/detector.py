@@ -74,11 +74,12 @@ class EngineConfig:
     winnow_window: int = 1  # 1 keeps every k-gram (docs/detection.md explains the trade)
     min_run_words: float = 8.0  # contiguous foreign run that makes a fragment finding
     # A run made only of plain words (which most tenants use) must be this many times
-    # longer. From a prompt: 1, a user's own words are private even when plain (no
-    # measured false-positive cost, bench/quality.py). From a model's output: 0, never:
-    # a model's plain-word run is its boilerplate; private output carries names,
-    # numbers or rare words.
-    plain_run_factor: float = 1.0
+    # longer. From a prompt: 2; a completions prompt is one string, so the earlier
+    # assistant turns in it count as the user's words, and an 8-word run of a model's
+    # plain phrasing from one flagged fresh engines (bench/quality.py: 4 of the first
+    # 300 clean responses at 1, 1 at 2, recall unchanged). From a model's output: 0,
+    # never: a model's plain-word run is its boilerplate.
+    plain_run_factor: float = 2.0
     plain_output_factor: float = 0.0
     plain_share: float = 0.5  # a word is plain once this share of tenants used it
     # Scattered coverage this many times min_run_words needs no distinctive word (a
@@ -815,6 +816,11 @@ class ResponseScan:
             foreign.append(value)
         if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
             return []
+        if len(tenants) > 1 and any(value & 1 for value in foreign):
+            # A model wrote this text for one of them: where a prompt holds it too (a
+            # pasted transcript, a completions prompt's earlier turn), it is the model's
+            # text there as well, and must be specific to an exchange like any output's.
+            return [value for value in foreign if value & 1]
         return foreign
 
     def _fragment_findings(

@@ -53,6 +53,7 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
     "crosstalk_mode": (str, "", "shadow or enforce; overrides the config file."),
     "crosstalk_log_file": (str, "", "JSON-lines event log; empty: the config's, else stderr."),
     "crosstalk_log_level": (str, "", "debug, info or warning; overrides the config file."),
+    "crosstalk_log_format": (str, "", "auto, json or console; overrides the config file."),
     "crosstalk_journal": (
         str,
         "",
@@ -131,6 +132,7 @@ class CrossTalk:
                 proxy__mode=ctx.options.crosstalk_mode or None,
                 proxy__log_file=ctx.options.crosstalk_log_file or None,
                 proxy__log_level=ctx.options.crosstalk_log_level or None,
+                proxy__log_format=ctx.options.crosstalk_log_format or None,
                 journal__directory=ctx.options.crosstalk_journal or None,
                 index__url=ctx.options.crosstalk_index or None,
             )
@@ -140,7 +142,9 @@ class CrossTalk:
         key = self._key or cfg.detection.key or secrets.token_hex(32)
         cfg = dataclasses.replace(cfg, detection=dataclasses.replace(cfg.detection, key=key))
         self.config = cfg
-        self.log = make_logger(cfg.proxy.log_file or None, cfg.proxy.log_level)
+        self.log = make_logger(
+            cfg.proxy.log_file or None, cfg.proxy.log_level, cfg.proxy.log_format
+        )
         self.rules = factory.tenant_rules(cfg, bytes.fromhex(key))
         self._stop_detector()
         self.detector_wanted = cfg.detector_process() and not self.inline

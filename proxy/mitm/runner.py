@@ -102,6 +102,7 @@ async def serve(request: RunRequest) -> int:
             crosstalk_mode=cfg.proxy.mode,
             crosstalk_log_file=cfg.proxy.log_file,
             crosstalk_log_level=cfg.proxy.log_level,
+            crosstalk_log_format=cfg.proxy.log_format,
             crosstalk_journal=cfg.journal.directory,
             crosstalk_index=cfg.index.url,
             crosstalk_metrics_port=cfg.metrics.port,
