@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import random
 import sys
 import tempfile
@@ -59,9 +60,6 @@ TARGETS = (
     ("warm", "fp_all", 0.0005, "max"),
     ("public text, baseline", "recitations_flagged", 0.0005, "max"),
 )
-#: What CI's ``--quick`` run gates instead of a target, where a revision has to say it
-#: misses one (limit by (label, name)); empty: CI gates the targets themselves.
-CI_FLOORS: dict[tuple[str, str], float] = {}
 
 
 @dataclass
@@ -74,6 +72,19 @@ class Exchange:
     findings: list = field(default_factory=list)
     index: int = 0
     scan: object = None
+
+
+@functools.cache
+def word_lists(baseline: str | None, vocabulary: str | None) -> tuple[list[str], list[str]]:
+    """The baseline texts and plain words (``--baseline``, ``--vocabulary``, else the
+    shipped ones), read once per run."""
+    return load_baseline(baseline), load_vocabulary(vocabulary)
+
+
+def new_engine(args: argparse.Namespace, config: EngineConfig) -> Engine:
+    """A fresh engine with the bench's baseline and vocabulary."""
+    baseline, vocabulary = word_lists(args.baseline, args.vocabulary)
+    return Engine(config, baseline=baseline, plain_words=vocabulary)
 
 
 def model_text_of(req) -> str:
@@ -105,9 +116,7 @@ def run_traffic(
     rng = random.Random(seed)
     workload = Workload(tenants=args.tenants, seed=seed)
     injector = FaultInjector(args.leak_rate, seed=seed + 1, kinds=args.fault_kinds.split(","))
-    engine = Engine(
-        config, baseline=load_baseline(args.baseline), plain_words=load_vocabulary(args.vocabulary)
-    )
+    engine = new_engine(args, config)
     if state is not None and state.exists():
         engine.load_commonness(state)
     exchanges: list[Exchange] = []
@@ -326,9 +335,7 @@ def canary_signal(args: argparse.Namespace, config: EngineConfig) -> dict:
     secret = b"quality-bench-canary-secret-0123"
     rng = random.Random(args.seed + 11)
     injector = FaultInjector(args.leak_rate, seed=args.seed + 1, kinds=args.fault_kinds.split(","))
-    engine = Engine(
-        config, baseline=load_baseline(args.baseline), plain_words=load_vocabulary(args.vocabulary)
-    )
+    engine = new_engine(args, config)
     canaries: dict[str, str] = {}
     rows: dict[str, Counter] = defaultdict(Counter)
     clean, clean_flagged, elsewhere = 0, 0, 0
@@ -424,11 +431,7 @@ def public_text_signal(args: argparse.Namespace, config: EngineConfig) -> dict:
         public, _ = build([tmp], Hasher(config.key, config.k))
     rows = {}
     for label, with_baseline in (("no baseline", False), ("baseline of the corpus", True)):
-        engine = Engine(
-            config,
-            baseline=load_baseline(args.baseline),
-            plain_words=load_vocabulary(args.vocabulary),
-        )
+        engine = new_engine(args, config)
         if with_baseline:
             engine.add_baseline_file(public)
         rng = random.Random(args.seed + 21)
@@ -553,14 +556,10 @@ def rates(result: dict) -> dict[str, float]:
     }
 
 
-def check_targets(
-    results: dict[str, dict], public: dict[str, dict], floors: dict | None = None
-) -> list[str]:
+def check_targets(results: dict[str, dict], public: dict[str, dict]) -> list[str]:
     """One line per target, PASS or FAIL; the failures are returned. Public text recited
-    to a tenant is held to the false-positive target once its corpus is a baseline.
-    ``floors`` replaces some limits (CI's regression gate); both limits are printed."""
+    to a tenant is held to the false-positive target once its corpus is a baseline."""
     failed = []
-    floors = floors or {}
     print("\n### targets\n")
     with_baseline = public["baseline of the corpus"]
     figures = {label: rates(result) for label, result in results.items()}
@@ -572,12 +571,9 @@ def check_targets(
         if label not in figures:
             continue
         value = figures[label][name]
-        target_ok = value >= limit if kind == "min" else value <= limit
+        ok = value >= limit if kind == "min" else value <= limit
         line = f"{label}: {name} {100 * value:.2f}% ({kind} {100 * limit:g}%)"
-        gate = floors.get((label, name), limit)
-        ok = value >= gate if kind == "min" else value <= gate
-        note = "" if gate == limit else f"; CI floor {100 * gate:g}%: {'met' if ok else 'MISSED'}"
-        print(f"- {'PASS' if target_ok else 'FAIL'} {line}{note}")
+        print(f"- {'PASS' if ok else 'FAIL'} {line}")
         if not ok:
             failed.append(line)
     return failed
@@ -623,7 +619,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help="CI: the leak and public-text rows only (no degenerate or canary sections), "
-        "same seeds; exits 1 below the CI floors (CI_FLOORS) instead of the targets",
+        "same seeds and targets",
     )
     p.add_argument("--show-fp", type=int, default=3, help="print N false positives and misses")
     return p.parse_args(argv)
@@ -707,7 +703,7 @@ def main(argv=None) -> int:
             )
             print("   why:", explain_miss(ex))
     public = public_text_signal(args, config)
-    failed = check_targets(results, public, CI_FLOORS if args.quick else None)
+    failed = check_targets(results, public)
     degenerate = {} if args.quick else degenerate_signal(args)
     canary = {} if args.quick else canary_signal(args, config)
     if args.json:

@@ -11,22 +11,36 @@ from proxy.engine.baseline import Baseline, BaselineError
 from proxy.tenants import TenantRules
 
 
-def build_engine(config: Config, engine_config: EngineConfig | None = None) -> Engine:
-    """The engine ``config`` describes, with its baseline and plain vocabulary
-    (``detection.baseline_dir``/``vocabulary_dir``, else the shipped ones).
-    ``engine_config`` replaces the parameters the configuration gives (the probe uses a
-    fresh key). Raises ConfigError for a configured directory that does not exist."""
+def word_lists(config: Config) -> tuple[list[str], list[str]]:
+    """The baseline texts and plain words ``config`` names (``detection.baseline_dir``,
+    ``vocabulary_dir``, else the shipped ones). ConfigError for a configured directory
+    that does not exist."""
     try:
-        baseline = load_baseline(config.detection.baseline_dir)
-        vocabulary = load_vocabulary(config.detection.vocabulary_dir)
+        return (
+            load_baseline(config.detection.baseline_dir),
+            load_vocabulary(config.detection.vocabulary_dir),
+        )
     except ValueError as e:
         raise ConfigError(f"detection: {e}") from e
+
+
+def build_engine(
+    config: Config,
+    engine_config: EngineConfig | None = None,
+    *,
+    lists: tuple[list[str], list[str]] | None = None,
+) -> Engine:
+    """The engine ``config`` describes, with its word lists (``word_lists``, or ``lists``
+    already read) and baseline files. ``engine_config`` replaces the parameters the
+    configuration gives (the probe uses a fresh key). ConfigError for a configured
+    directory or baseline file that cannot be used."""
+    baseline, vocabulary = lists or word_lists(config)
     engine = Engine(
         engine_config or config.engine_config(), baseline=baseline, plain_words=vocabulary
     )
     for path in config.detection.baselines:
         try:
-            engine.add_baseline_file(Baseline.load(path, engine.hasher))
+            engine.add_baseline_file(Baseline.load(path))
         except BaselineError as e:
             raise ConfigError(f"detection.baselines: {e}") from e
     return engine

@@ -644,18 +644,16 @@ def build_engine(config=None) -> tuple[Engine, dict]:
     import os
 
     from proxy.config import load
-    from proxy.defaults import load_baseline, load_vocabulary
     from proxy.factory import build_engine as configured_engine
+    from proxy.factory import word_lists
 
     cfg = config or load(None)
     engine_config = dataclasses.replace(cfg.engine_config(), key=os.urandom(32))
     settings = {k: v for k, v in dataclasses.asdict(engine_config).items() if k != "key"}
-    for name, texts in (
-        ("baseline", load_baseline(cfg.detection.baseline_dir)),
-        ("vocabulary", load_vocabulary(cfg.detection.vocabulary_dir)),
-    ):
+    lists = word_lists(cfg)
+    for name, texts in zip(("baseline", "vocabulary"), lists, strict=True):
         settings[f"{name}_sha256"] = hashlib.sha256("\0".join(texts).encode()).hexdigest()
-    engine = configured_engine(cfg, engine_config)
+    engine = configured_engine(cfg, engine_config, lists=lists)
     return engine, settings
 
 

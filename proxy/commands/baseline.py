@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
     previous = None
     if out.exists() and not args.rebuild:
         try:
-            previous = Baseline.load(out, hasher)
+            previous = Baseline.load(out).check(hasher)
         except BaselineError as e:
             return fail(f"{e} (or pass --rebuild)")
     show = not args.no_progress and sys.stderr.isatty()

@@ -74,10 +74,19 @@ class Baseline:
             )
         os.replace(f.name, target)
 
+    def check(self, hasher: Hasher) -> Baseline:
+        """This baseline, if it was made with ``hasher``'s key and shingle size; else
+        BaselineError (another key's hashes would silently mean nothing)."""
+        if (self.key_id, self.k) != (hasher.key_id, hasher.k):
+            raise BaselineError(
+                f"baseline made with key {self.key_id} k={self.k}, not key "
+                f"{hasher.key_id} k={hasher.k}: rebuild it with this detection.key"
+            )
+        return self
+
     @classmethod
-    def load(cls, path: str | os.PathLike, hasher: Hasher | None = None) -> Baseline:
-        """Read a file written by ``save``. With ``hasher``, refuse one made with another
-        key or shingle size (BaselineError)."""
+    def load(cls, path: str | os.PathLike) -> Baseline:
+        """Read a file written by ``save`` (BaselineError when it cannot be read)."""
         try:
             with np.load(path) as data:
                 baseline = cls(
@@ -97,11 +106,6 @@ class Baseline:
                 )
         except (OSError, KeyError, ValueError) as e:
             raise BaselineError(f"cannot read baseline {path}: {e}") from e
-        if hasher is not None and (baseline.key_id, baseline.k) != (hasher.key_id, hasher.k):
-            raise BaselineError(
-                f"baseline {path} was made with key {baseline.key_id} k={baseline.k}, "
-                f"not key {hasher.key_id} k={hasher.k}: rebuild it with this detection.key"
-            )
         return baseline
 
 

@@ -31,7 +31,7 @@ from itertools import accumulate, islice
 
 import numpy as np
 
-from proxy.engine.baseline import Baseline, BaselineError
+from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
     EntityIndex,
     EntityScanner,
@@ -210,11 +210,7 @@ class Engine:
         """A public corpus in keyed form (``crosstalk baseline build``): its text is never
         anyone's private text, its words are plain, its entities nobody's. Raises
         BaselineError when it was made with another key or shingle size."""
-        if (baseline.key_id, baseline.k) != (self.hasher.key_id, self.config.k):
-            raise BaselineError(
-                f"baseline made with key {baseline.key_id} k={baseline.k}, not key "
-                f"{self.hasher.key_id} k={self.config.k}: rebuild it with this detection.key"
-            )
+        baseline.check(self.hasher)
         self.baseline_sorted = np.union1d(self.baseline_sorted, baseline.kgrams)
         self.vocabulary.add_plain(baseline.units.tolist())
         self._baseline_entities.update(baseline.entities)
