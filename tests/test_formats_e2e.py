@@ -38,8 +38,11 @@ FORMATS = ("anthropic", "responses", "sglang", "tgi")
 REQUESTS, TENANTS = 800, 16  # 200 a format
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.15", "--seed", "5")
 MODEL = "sim-llm-1"
-# Floors below the measured figures (docs/api-formats.md), as in test_leaks_e2e.
-MIN_RECALL, MIN_FORMAT_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.75, 0.95, 0.005
+# Floors below the measured figures, as in test_leaks_e2e. Since a finding must point
+# into the leaked text (tests/traffic.py), the enforce run measured 58/65 (0.89) twice
+# and up to 0.95 in four other runs of 2026-12-01; the floor leaves room for the faults,
+# which differ from run to run.
+MIN_RECALL, MIN_FORMAT_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.85, 0.75, 0.95, 0.005
 
 
 def key_of(tenant: str) -> str:
