@@ -62,7 +62,7 @@ def test_simulator_garbage_is_detected():
     prompts = [r.prompt_text() for r in Workload(tenants=24, seed=5).requests(300)]
     missed = 0
     for prompt in prompts:
-        text, _, _ = degenerate_text(answer_for(prompt), rng)
+        text, _, _, _ = degenerate_text(answer_for(prompt), rng)
         missed += run(text, rng) is None
     assert missed <= 3  # measured: 1 in 3,000 (bench/quality.py reports the rate)
 

@@ -162,15 +162,17 @@ def judge(results, truth: list[dict], events: list[dict], sent, text_of=None) ->
 
 def overlaps(event: dict, fault: dict, answer: str) -> bool:
     """Whether a leak.detected event points into the text the fault leaked into
-    ``answer`` (choice 0's text as the simulator sent it). A whole mis-routed answer is
-    the leaked text everywhere."""
+    ``answer`` (choice 0's text as the simulator sent it). The truth's offset places the
+    leak even when a block cut the answer inside it. A whole mis-routed answer is the
+    leaked text everywhere."""
     if event.get("choice", 0) != 0:
         return False
+    if fault["kind"] == "misroute":
+        return True
+    at, leaked = fault["offset"], fault["leaked_text"]
+    assert leaked.startswith(answer[at : at + len(leaked)]), (fault["request_id"], "offset")
     start, end = event["output_offset"]
-    at = answer.find(fault["leaked_text"])
-    if at < 0:
-        return fault["kind"] == "misroute"
-    return start < at + len(fault["leaked_text"]) and at < end
+    return start < at + len(leaked) and at < end
 
 
 def is_target(fault: dict, oracle: PrivacyOracle, by_id: dict[str, Result]) -> bool:

@@ -66,9 +66,11 @@ _SOUP_CHARS = (
 class Fault:
     """One injected fault; serialised as one JSON line in the truth file.
 
-    `leaked_text` is exactly the text inserted into the answer. For "entities" it is the whole
-    inserted sentence and `entities` lists the foreign values inside it. `leaked_words` counts
-    foreign units: words, or characters for CJK sources (for "entities": the entities' words).
+    `leaked_text` is exactly the text inserted into the answer, at character `offset` of
+    the answer as sent (a judge needs it when a proxy cut the stream before the leak's
+    end). For "entities" it is the whole inserted sentence and `entities` lists the
+    foreign values inside it. `leaked_words` counts foreign units: words, or characters
+    for CJK sources (for "entities": the entities' words).
     """
 
     request_id: str
@@ -80,6 +82,7 @@ class Fault:
     leaked_words: int
     position: str
     entities: tuple[str, ...] = field(default=())
+    offset: int = 0
 
     def to_json(self) -> dict:
         """Plain-JSON view of the fault (lists instead of tuples)."""
@@ -158,8 +161,9 @@ def take_page(text: str, n: int, rng: random.Random, *, at_end: bool = False) ->
     return _slice_units(text, spans, n, rng, at_end)
 
 
-def splice(answer: str, insert: str, rng: random.Random) -> tuple[str, str]:
-    """Insert `insert` at a random unit boundary of `answer`; returns (new answer, position).
+def splice(answer: str, insert: str, rng: random.Random) -> tuple[str, str, int]:
+    """Insert `insert` at a random unit boundary of `answer`; returns (new answer,
+    position, character offset of `insert` in the new answer).
 
     Styles vary like real corruption: glued mid-sentence with no punctuation, or as its own
     paragraph. The inserted text itself is never altered, so it stays findable verbatim.
@@ -175,15 +179,11 @@ def splice(answer: str, insert: str, rng: random.Random) -> tuple[str, str]:
     else:
         sep_l, sep_r = " ", " "
     if not before:
-        position = "prefix"
-        text = insert + (sep_r + after if after else "")
-    elif not after:
-        position = "suffix"
-        text = before + sep_l + insert
-    else:
-        position = "middle"
-        text = before + sep_l + insert + sep_r + after
-    return text, position
+        return insert + (sep_r + after if after else ""), "prefix", 0
+    head = before + sep_l
+    if not after:
+        return head + insert, "suffix", len(head)
+    return head + insert + sep_r + after, "middle", len(head)
 
 
 def add_noise(page: str, answer: str, rng: random.Random) -> str:
@@ -200,8 +200,9 @@ def add_noise(page: str, answer: str, rng: random.Random) -> str:
     )
 
 
-def degenerate_text(answer: str, rng: random.Random) -> tuple[str, str, str]:
-    """Corrupt an answer into garbage; returns (new answer, garbage inserted, position)."""
+def degenerate_text(answer: str, rng: random.Random) -> tuple[str, str, str, int]:
+    """Corrupt an answer into garbage; returns (new answer, garbage inserted, position,
+    character offset of the garbage)."""
     style = rng.choice(("loop", "soup", "truncated"))
     units = split_units(answer)
     keep = "".join(units[: rng.randint(0, max(0, len(units) * 2 // 3))]).rstrip()
@@ -221,8 +222,8 @@ def degenerate_text(answer: str, rng: random.Random) -> tuple[str, str, str]:
         )
     garbage = garbage.strip()
     if not keep:
-        return garbage, garbage, "whole"
-    return keep + " " + garbage, garbage, "suffix"
+        return garbage, garbage, "whole", 0
+    return keep + " " + garbage, garbage, "suffix", len(keep) + 1
 
 
 class FaultInjector:
@@ -325,9 +326,17 @@ class FaultInjector:
     ) -> tuple[str, Fault] | None:
         rng = self._rng
         if kind == "degenerate":
-            new, garbage, position = degenerate_text(answer, rng)
+            new, garbage, position, offset = degenerate_text(answer, rng)
             return new, Fault(
-                request_id, tenant, None, None, kind, garbage, count_units(garbage), position
+                request_id,
+                tenant,
+                None,
+                None,
+                kind,
+                garbage,
+                count_units(garbage),
+                position,
+                offset=offset,
             )
         candidates = self._candidates(tenant, source_id)
         if not candidates:
@@ -365,9 +374,17 @@ class FaultInjector:
             return None
         if kind == "noisy_page":
             page = add_noise(page, answer, rng)
-        new, position = splice(answer, page, rng)
+        new, position, offset = splice(answer, page, rng)
         return new, Fault(
-            request_id, tenant, source.tenant, source.request_id, kind, page, units, position
+            request_id,
+            tenant,
+            source.tenant,
+            source.request_id,
+            kind,
+            page,
+            units,
+            position,
+            offset=offset,
         )
 
     def _entities(
@@ -377,7 +394,7 @@ class FaultInjector:
         found = list(dict.fromkeys(extract_entities(source.prompt)))
         chosen = rng.sample(found, k=min(len(found), rng.randint(1, 3)))
         sentence = " ".join(rng.choice(_ENTITY_SENTENCES).format(e=e) for e in chosen)
-        new, position = splice(answer, sentence, rng)
+        new, position, offset = splice(answer, sentence, rng)
         units = sum(len(e.split()) for e in chosen)
         return new, Fault(
             request_id,
@@ -389,6 +406,7 @@ class FaultInjector:
             units,
             position,
             tuple(chosen),
+            offset,
         )
 
     def _record(self, fault: Fault) -> None:
