@@ -8,6 +8,7 @@ on a free 127.0.0.1 port and stopped at the end of its fixture.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -146,6 +147,12 @@ class Sim:
         """The exact bytes the simulator sent for ``request_id``."""
         with urllib.request.urlopen(f"{self.url}/_sim/sent/{request_id}", timeout=10) as r:
             return r.read()
+
+    def answer(self, request_id: str) -> str:
+        """Choice 0's text as the simulator generated it, faults applied: the ground
+        truth of what the engine meant to send, also when a proxy cut it short."""
+        with urllib.request.urlopen(f"{self.url}/_sim/answer/{request_id}", timeout=10) as r:
+            return json.loads(r.read())["answers"][0]
 
 
 @dataclass

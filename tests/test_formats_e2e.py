@@ -225,9 +225,9 @@ def run_formats(url: str, *, requests: int, seed: int, concurrency: int = 16) ->
 # --- judging --------------------------------------------------------------------------------
 
 
-def judge(results: list[Result], truth: list[dict], events: list[dict], sent) -> Judgement:
+def judge(results: list[Result], truth: list[dict], events: list[dict], answer_of) -> Judgement:
     """tests/traffic.py's judge, for these formats: truth tenants are keys, mapped back to
-    tenant names, and each result's output is read in its own API's format."""
+    tenant names."""
     named = [
         {
             **t,
@@ -240,8 +240,7 @@ def judge(results: list[Result], truth: list[dict], events: list[dict], sent) ->
         results,
         named,
         events,
-        sent,
-        text_of=lambda r, body: output_text(r.route, body, r.request.stream),
+        answer_of,
     )
 
 
@@ -341,7 +340,7 @@ def test_shadow_logs_leaks_in_every_format_and_changes_nothing(tmp_path, keyed_c
         for r in results:
             assert r.error is None, (r.fmt, r.request.request_id, r.error)
             assert r.body == sim.sent(r.request.request_id), (r.fmt, r.request.request_id)
-        j = judge(results, load_truth(sim.truth), events, sim.sent)
+        j = judge(results, load_truth(sim.truth), events, sim.answer)
     print("shadow:", report(j, results))  # the measured figures, with pytest -s
     assert_detection(j, results)
     exchanges = [e for e in events if e["event"] == "exchange"]
@@ -359,7 +358,7 @@ def test_enforce_cuts_leaks_in_each_formats_own_error_format(tmp_path, keyed_con
     ):
         results = run_formats(proxy.url, requests=REQUESTS, seed=31)
         events = exchanges_logged(proxy, results)
-        j = judge(results, load_truth(sim.truth), events, sim.sent)
+        j = judge(results, load_truth(sim.truth), events, sim.answer)
         sent_bytes = {r.request.request_id: sim.sent(r.request.request_id) for r in results}
     verdicts = {e["request_id"]: e["verdict"] for e in events if e["event"] == "exchange"}
     blocked = {rid for rid, v in verdicts.items() if v == "blocked"}

@@ -13,7 +13,7 @@ import urllib.request
 import openai
 import pytest
 from conftest import run_mitmdump, run_sim, wait_for_events
-from traffic import judge, load_truth, output_text, private_words_reached_client, run_workload
+from traffic import judge, load_truth, private_words_reached_client, run_workload
 
 from proxy.config import load
 from proxy.engine.ordered_replay import replay
@@ -21,13 +21,11 @@ from proxy.factory import build_engine
 from proxy.store import journal
 
 REQUESTS, TENANTS = 1500, 24
-# Measured on this workload (docs/benchmarks.md, "End to end"): 93-95% of target leaks
+# Measured on this workload (docs/benchmarks.md, "End to end"): 93-100% of target leaks
 # found (a finding must point into the leaked text), 98-100% of them with the right
-# source, 0 false positives in ~1,350 clean responses warm, 2-3 fresh (one completions
-# prompt holding the model's earlier turn, matched by other tenants' answers). The
-# floors sit below with a margin for the faults, which differ from run to run.
+# source, 0 false positives in ~1,350 clean responses, warm and fresh. The recall and
+# source floors sit below with a margin for the faults, which differ from run to run.
 MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.97, 0.002
-MAX_FRESH_FALSE_POSITIVES = 0.004
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.1", "--seed", "11")
 
 
@@ -64,7 +62,7 @@ def test_shadow_logs_every_target_leak_and_changes_nothing(tmp_path, warm_config
         for r in results:
             assert r.error is None, (r.request.request_id, r.error)
             assert r.body == sim.sent(r.request.request_id), r.request.request_id
-        j = judge(results, load_truth(sim.truth), events, sim.sent)
+        j = judge(results, load_truth(sim.truth), events, sim.answer)
     print("shadow:", report(j))  # the measured figures, with pytest -s
     assert len(j.targets) >= 30, report(j)
     assert len(j.found) / len(j.targets) >= MIN_RECALL, report(j)
@@ -112,13 +110,13 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, requ
         results = run_workload(proxy.url, tenants=TENANTS, requests=REQUESTS, seed=21)
         events = exchanges_logged(proxy, results)
         truth = load_truth(sim.truth)
-        j = judge(results, truth, events, sim.sent)
+        j = judge(results, truth, events, sim.answer)
         outcomes = {
             r.request.request_id: sim_outcome(sim.url, r.request.request_id)
             for r in results
             if r.request.stream
         }
-        answers = {r.request.request_id: sent_text(sim, r) for r in results}
+        answers = {r.request.request_id: sim.answer(r.request.request_id) for r in results}
         sent_bytes = {r.request.request_id: sim.sent(r.request.request_id) for r in results}
     by_id = {r.request.request_id: r for r in results}
     verdicts = {e["request_id"]: e["verdict"] for e in events if e["event"] == "exchange"}
@@ -167,12 +165,9 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, requ
     assert streamed and aborted >= 1, (aborted, streamed)
     assert len(j.targets) >= 30, report(j)
     assert len(j.found) / len(j.targets) >= MIN_RECALL, report(j)
-    limit = MAX_FRESH_FALSE_POSITIVES if engine_state == "fresh" else MAX_FALSE_POSITIVES
-    assert len(j.clean_flagged) / j.clean <= limit, report(j)
-    # Clean responses blocked: at most the false-positive floor (measured: 0 warm, 2 of
-    # 1,345 fresh, both matching one completions prompt that held the model's turn).
-    blocked_clean = blocked - set(faults)
-    assert len(blocked_clean) <= limit * j.clean, sorted(blocked_clean)
+    # Enforce blocks no clean response, from the first request of a fresh engine on.
+    assert not j.clean_flagged, report(j)
+    assert not blocked - set(faults), sorted(blocked - set(faults))
 
 
 def test_enforce_stops_the_engine(tmp_path, warm_config):
@@ -233,11 +228,6 @@ def settled_outcome(url: str, request_id: str, timeout: float = 10.0) -> str:
 
 
 HOLDBACK_WORDS = 16  # the default policy.holdback_words
-
-
-def sent_text(sim, result) -> str:
-    req = result.request
-    return output_text(req.endpoint, sim.sent(req.request_id), req.stream)
 
 
 def detection_lag(fault: dict, answer: str, detection: dict, oracle) -> float:

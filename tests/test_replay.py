@@ -73,6 +73,7 @@ class Captured:
     truth: list[dict]
     results: list[Result]
     sent: dict[str, bytes]
+    answers: dict[str, str]
 
     def replay(self, *files: Path | str, name: str, extra: tuple[str, ...] = ()):
         """``crosstalk replay`` in this process (the CLI's ``main``): exit status and
@@ -116,8 +117,9 @@ def captured(tmp_path_factory) -> Captured:
         finally:
             assert stop(proc) == 0
         sent = {r.request.request_id: sim.sent(r.request.request_id) for r in results}
+        answers = {r.request.request_id: sim.answer(r.request.request_id) for r in results}
         truth = load_truth(sim.truth)
-    return Captured(root, config, flows, journal, live_log, truth, results, sent)
+    return Captured(root, config, flows, journal, live_log, truth, results, sent, answers)
 
 
 def test_capture_keeps_streamed_bodies_as_sent_with_chunk_timing(captured):
@@ -162,8 +164,8 @@ def test_replay_of_capture_finds_what_live_shadow_mode_found(captured, replayed_
     assert replay_keys == live_keys
     assert {e["action"] for e in events if e["event"] == "leak.detected"} == {"replayed"}
     # Against the simulator's truth: the same target leaks found, with the same sources.
-    j_live = judge(captured.results, captured.truth, live, captured.sent.__getitem__)
-    j_replay = judge(captured.results, captured.truth, events, captured.sent.__getitem__)
+    j_live = judge(captured.results, captured.truth, live, captured.answers.__getitem__)
+    j_replay = judge(captured.results, captured.truth, events, captured.answers.__getitem__)
     assert len(j_replay.targets) >= 10
     assert [f["request_id"] for f in j_replay.found] == [f["request_id"] for f in j_live.found]
     # The detector's recall is the e2e tests' business (warm engine, 1,500 requests);
@@ -297,10 +299,10 @@ def test_har_and_jsonl_forms_of_the_capture_replay_to_the_same_leaks(captured):
             out.write(json.dumps(jsonl_line(flow)) + "\n")
     live_events = read_events(captured.live_log)
     live = tenant_keys(live_events)
-    j_live = judge(captured.results, captured.truth, live_events, captured.sent.__getitem__)
+    j_live = judge(captured.results, captured.truth, live_events, captured.answers.__getitem__)
     for path in (har, jsonl):
         status, events = captured.replay(path, name=path.suffix[1:])
-        j = judge(captured.results, captured.truth, events, captured.sent.__getitem__)
+        j = judge(captured.results, captured.truth, events, captured.answers.__getitem__)
         differ = tenant_keys(events) ^ live
         print(f"{path.name}: {len(tenant_keys(events))} findings, {len(differ)} differ from live")
         assert status == 1
@@ -357,13 +359,13 @@ def test_plain_mitmdump_w_capture_replays_to_the_live_findings(tmp_path):
             lambda ev: ids <= {e.get("request_id") for e in ev if e["event"] == "exchange"},
             timeout=30,
         )
-        sent = {rid: sim.sent(rid) for rid in ids}
+        answers = {rid: sim.answer(rid) for rid in ids}
         truth = load_truth(sim.truth)
     log = tmp_path / "replay.jsonl"
     status = cli_main(["replay", str(flows), "--config", str(config), "--log-file", str(log)])
     events = read_events(log)
-    j_live = judge(results, truth, live_events, sent.__getitem__)
-    j = judge(results, truth, events, sent.__getitem__)
+    j_live = judge(results, truth, live_events, answers.__getitem__)
+    j = judge(results, truth, events, answers.__getitem__)
     live, replay = tenant_keys(live_events), tenant_keys(events)
     print(f"mitmdump -w: live {len(live)}, replay {len(replay)}, differ {len(live ^ replay)}")
     assert status == 1 and len(j.targets) >= 5

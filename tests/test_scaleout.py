@@ -684,7 +684,7 @@ def test_three_replicas_find_leaks_across_replicas(tmp_path, warm_state, redis_s
         for r in results:
             assert r.error is None, (r.request.request_id, r.error)
             assert r.body == sim.sent(r.request.request_id), r.request.request_id
-        j = judge(results, load_truth(sim.truth), events, sim.sent)
+        j = judge(results, load_truth(sim.truth), events, sim.answer)
         for r in reps:
             stop(r.proc)
         stopped = [r.events("index.stopped")[0] for r in reps]

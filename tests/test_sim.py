@@ -33,7 +33,13 @@ from proxy.sim.answers import (
     question_part,
 )
 from proxy.sim.faults import FAULT_KINDS, FaultInjector, extract_entities, luhn_valid
-from proxy.sim.server import SimConfig, resolve_tenant, start_sim, stream_pieces
+from proxy.sim.server import (
+    SimConfig,
+    generated_prefix,
+    resolve_tenant,
+    start_sim,
+    stream_pieces,
+)
 from proxy.sim.workload import (
     PUBLIC_DOCUMENTS,
     SHARED_SYSTEM_PROMPTS,
@@ -631,3 +637,12 @@ def test_cli_main_serves_until_sigterm() -> None:
         text=True,
     )
     assert bad.returncode == 2 and "fault-kinds" in bad.stderr
+
+
+def test_a_cut_stream_generated_only_the_pieces_written_before_the_cut():
+    pieces = [["Hel", "lo ", "world"], ["Bon", "jour"]]
+    # one role chunk per choice, then the choices' pieces interleave
+    assert generated_prefix(pieces, written=2, lead=2) == ""
+    assert generated_prefix(pieces, written=3, lead=2) == "Hel"
+    assert generated_prefix(pieces, written=5, lead=2) == "Hello "
+    assert generated_prefix(pieces, written=99, lead=2) == "Hello world"

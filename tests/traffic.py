@@ -118,18 +118,13 @@ class Judgement:
     oracle: PrivacyOracle | None = None
 
 
-def judge(results, truth: list[dict], events: list[dict], sent, text_of=None) -> Judgement:
-    """``sent(request_id)`` returns the bytes the simulator sent for that request;
-    ``text_of(result, body)`` the output text of such bytes (default: this module's
-    OpenAI ``output_text``; other APIs' tests pass their own)."""
-    if text_of is None:
-
-        def text_of(r, body):
-            return output_text(r.request.endpoint, body, r.request.stream)
-
+def judge(results, truth: list[dict], events: list[dict], answer_of) -> Judgement:
+    """``answer_of(request_id)`` is choice 0's text as the simulator generated it
+    (``Sim.answer``): the judge reads no wire format, so no parser under test decides
+    what the client was meant to get."""
     by_id = {r.request.request_id: r for r in results}
     faults = {t["request_id"]: t for t in truth if t["request_id"] in by_id}
-    answers = {rid: text_of(r, sent(rid)) for rid, r in by_id.items()}
+    answers = {rid: answer_of(rid) for rid in by_id}
     oracle = PrivacyOracle(
         Observed(r.request.tenant, r.request.prompt_text(), answers[rid],
                  faults.get(rid, {}).get("leaked_text", ""))
@@ -162,15 +157,14 @@ def judge(results, truth: list[dict], events: list[dict], sent, text_of=None) ->
 
 def overlaps(event: dict, fault: dict, answer: str) -> bool:
     """Whether a leak.detected event points into the text the fault leaked into
-    ``answer`` (choice 0's text as the simulator sent it). The truth's offset places the
-    leak even when a block cut the answer inside it. A whole mis-routed answer is the
-    leaked text everywhere."""
+    ``answer`` (choice 0's text as the simulator generated it), placed by the truth's
+    offset. A whole mis-routed answer is the leaked text everywhere."""
     if event.get("choice", 0) != 0:
         return False
     if fault["kind"] == "misroute":
         return True
     at, leaked = fault["offset"], fault["leaked_text"]
-    assert leaked.startswith(answer[at : at + len(leaked)]), (fault["request_id"], "offset")
+    assert answer[at : at + len(leaked)] == leaked, (fault["request_id"], "offset")
     start, end = event["output_offset"]
     return start < at + len(leaked) and at < end
 

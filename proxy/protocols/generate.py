@@ -53,6 +53,7 @@ from typing import Any
 import orjson
 
 from proxy.protocols import openai
+from proxy.protocols.chat_templates import conversation_texts
 from proxy.protocols.openai import (
     DONE_MARKER,
     MALFORMED,
@@ -101,6 +102,8 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
     """The prompt of a generate request: SGLang's ``text`` (a string or a list, joined),
     TGI's ``inputs`` or vLLM's ``prompt``. Token ids (SGLang's ``input_ids``) are not
     text: such a request has an empty prompt (its output is still scanned and learned).
+    A conversation rendered by a chat template counts as its turns' texts, its assistant
+    turns as ``model_text`` (:mod:`proxy.protocols.chat_templates`).
     ``stream`` is always true on ``/generate_stream``. ``n`` is the number of sequences
     (SGLang: prompts in the batch times ``sampling_params.n``).
 
@@ -132,9 +135,10 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
         n = params.get("n") if isinstance(params, dict) else None
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             n = 1
+        prompt, model_text = conversation_texts("\n".join(pieces))
         return ParsedRequest(
-            prompt="\n".join(pieces),
-            model_text="",
+            prompt=prompt,
+            model_text=model_text,
             stream=kind == GENERATE_STREAM or bool(stream),
             model=_opt_str(obj, "model"),
             n=prompts * n,

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import orjson
 
+from proxy.protocols.chat_templates import conversation_texts
 from proxy.protocols.sse import SSEEvent
 
 __all__ = [
@@ -86,10 +87,13 @@ class ParsedRequest:
       ``refusal``, then ``tool_calls[].function.arguments`` (and ``custom.input``) and the
       legacy ``function_call.arguments``. Tool definitions are not included.
     * completions: ``prompt`` (a string, or a list whose strings are joined; token-id lists
-      contribute nothing), then ``suffix`` if present.
+      contribute nothing), then ``suffix`` if present. A conversation rendered by a chat
+      template counts as its turns' texts, without the template's markers
+      (:mod:`proxy.protocols.chat_templates`).
 
     ``model_text`` is the part of ``prompt`` that a model wrote: earlier ``assistant``
-    turns of a chat (the detector treats it like an output, not like a user's words).
+    turns of a chat or of a rendered conversation (the detector treats it like an
+    output, not like a user's words).
 
     ``n`` defaults to 1; ``model`` and ``user`` are ``None`` when absent.
     """
@@ -154,6 +158,8 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
                     _message_texts(message, model_pieces)
         else:
             _prompt_texts(obj.get("prompt"), pieces)
+            text, model_text = conversation_texts("\n".join(pieces))
+            pieces, model_pieces = [text] if text else [], [model_text]
             _opt_text(obj.get("suffix"), pieces)
         stream = obj.get("stream")
         if stream is not None and not isinstance(stream, bool):

@@ -42,6 +42,7 @@ from proxy.sim.answers import (
     truncate_units,
 )
 from proxy.sim.faults import FAULT_KINDS, FaultInjector
+from proxy.sim.templates import unrender
 
 MISBEHAVIOURS = ("nonjson", "truncate", "error-event", "gzip", "status500", "slow")
 # Misbehaviours after which the answer does not reach the client in full.
@@ -86,6 +87,9 @@ class _State:
     # The JSON body received per request id (newest SENT_RECORDS), for tests of what a
     # gateway adds to requests (cache_salt, canaries): GET /_sim/received/{request_id}.
     received: OrderedDict[str, dict] = field(default_factory=OrderedDict)
+    # The answer texts generated per request id, faults applied (newest SENT_RECORDS):
+    # the ground truth a judge compares findings with, GET /_sim/answer/{request_id}.
+    answers: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
 
     def record(self, request_id: str, data: bytes) -> None:
         buf = self.sent.get(request_id)
@@ -117,6 +121,9 @@ class _Exchange:
     answers: list[str]
     finish: list[str]
     misbehave: frozenset[str]
+    # Choice 0's text as far as the engine generated it before the client went away:
+    # the engine stops decoding then, so no page of the rest exists to leak.
+    generated: str | None = None
 
 
 # --- request parsing (pure) ---------------------------------------------------------------
@@ -154,12 +161,14 @@ def chat_prompt(messages: Any) -> tuple[str, str]:
 
 
 def completion_prompt(prompt: Any) -> str:
-    """Prompt text of a legacy completions request (a string or a list of strings)."""
-    if isinstance(prompt, str):
-        return prompt
+    """Prompt text of a legacy completions request (a string or a list of strings); a
+    conversation rendered by a chat template reads as its turns, like a chat request."""
     if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return "\n".join(prompt)
-    raise BadRequest("'prompt' must be a string or a list of strings")
+        prompt = "\n".join(prompt)
+    if not isinstance(prompt, str):
+        raise BadRequest("'prompt' must be a string or a list of strings")
+    turns = unrender(prompt)
+    return prompt if turns is None else turns
 
 
 def resolve_tenant(headers: Any, body: dict) -> str:
@@ -474,6 +483,9 @@ def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) 
             source=request.headers.get("x-sim-fault-source") or None,
             words=int(w) if (w := request.headers.get("x-sim-fault-words", "")).isdigit() else None,
         )
+    state.answers[request_id] = answers
+    while len(state.answers) > SENT_RECORDS:
+        state.answers.popitem(last=False)
     return _Exchange(
         kind, tenant, request_id, prompt, private, stream, include_usage, answers, finish, misbehave
     )
@@ -529,10 +541,9 @@ async def _completion(
     try:
         return await _stream(request, state, ex, resp_id, created)
     finally:
-        # Remember even cancelled streams: their KV pages existed, which is what leaks.
-        state.injector.remember(
-            ex.tenant, ex.request_id, ex.prompt, ex.answers[0], private=ex.private
-        )
+        # Remember cancelled streams too: the pages they generated existed, and leak.
+        output = ex.answers[0] if ex.generated is None else ex.generated
+        state.injector.remember(ex.tenant, ex.request_id, ex.prompt, output, private=ex.private)
 
 
 async def _stream(
@@ -588,7 +599,15 @@ async def _stream(
     except (ConnectionResetError, asyncio.CancelledError):
         # The client (or a proxy cutting the stream) went away: the engine stops here.
         state.outcomes[ex.request_id] = f"aborted after {i + 1} of {len(events)} events"
+        ex.generated = generated_prefix(pieces, written=i, lead=lead)
     return resp
+
+
+def generated_prefix(pieces: list[list[str]], *, written: int, lead: int) -> str:
+    """Choice 0's text in the first ``written`` events of a stream: after ``lead``
+    events without text, the choices' pieces interleave one event each."""
+    per_choice = -(-max(0, written - lead) // max(1, len(pieces)))
+    return "".join(pieces[0][:per_choice])
 
 
 async def _paced(events: list[bytes], delay: float) -> AsyncIterator[tuple[int, bytes]]:
@@ -612,6 +631,13 @@ async def outcome(request: web.Request) -> web.Response:
     """GET /_sim/outcome/{request_id}: how that stream ended (test hook)."""
     result = request.app[STATE_KEY].outcomes.get(request.match_info["request_id"])
     return web.json_response({"outcome": result}, status=200 if result else 404)
+
+
+async def answer(request: web.Request) -> web.Response:
+    """GET /_sim/answer/{request_id}: ``{"answers": [...]}``, the text of each choice as
+    generated, faults applied, however much of it the client was sent (test hook)."""
+    texts = request.app[STATE_KEY].answers.get(request.match_info["request_id"])
+    return web.json_response({"answers": texts}, status=200 if texts is not None else 404)
 
 
 async def received(request: web.Request) -> web.Response:
@@ -707,6 +733,7 @@ def make_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/version", version)
     app.router.add_get("/health", health)
     app.router.add_get("/_sim/sent/{request_id}", sent)
+    app.router.add_get("/_sim/answer/{request_id}", answer)
     app.router.add_get("/_sim/outcome/{request_id}", outcome)
     app.router.add_get("/_sim/received/{request_id}", received)
     return app

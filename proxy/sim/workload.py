@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import random
 import string
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from proxy.sim.answers import answer_for, expand
+from proxy.sim.templates import TEMPLATES, render
 
 # --- Mix rates (fractions of all requests unless stated otherwise) -------------------------
 SHARED_SYSTEM_RATE = 0.80  # request carries its app's shared system prompt
@@ -333,6 +335,7 @@ class SimRequest:
     endpoint: str
     stream: bool
     tags: frozenset[str]
+    template: str = "chatml"  # how a completions request renders the messages
 
     def prompt_text(self) -> str:
         """Message contents joined by "\\n": the same joining the proxy and the sim use."""
@@ -343,12 +346,13 @@ class SimRequest:
         return "/v1/chat/completions" if self.endpoint == "chat" else "/v1/completions"
 
     def body(self, model: str = "sim-llm-1") -> dict:
-        """OpenAI request body; completions send prompt_text() as the prompt."""
+        """OpenAI request body; completions send the messages rendered by the tenant's
+        chat template as the prompt."""
         body: dict = {"model": model, "stream": self.stream}
         if self.endpoint == "chat":
             body["messages"] = self.messages
         else:
-            body["prompt"] = self.prompt_text()
+            body["prompt"] = render(self.messages, self.template)
         return body
 
     def last_user_text(self) -> str:
@@ -580,6 +584,7 @@ class Workload:
             endpoint=endpoint,
             stream=rng.random() < STREAM_RATE,
             tags=frozenset(tags),
+            template=TEMPLATES[zlib.crc32(t.name.encode()) % len(TEMPLATES)],
         )
 
     def _fresh_messages(self, t: Tenant, tags: set[str], roll: float) -> list[dict]:
