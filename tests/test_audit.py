@@ -177,9 +177,58 @@ def test_identify_sglang_tgi_llamacpp() -> None:
         "http://x",
         {"/props": ok({"default_generation_settings": {}, "build_info": "b4800-1a2b3c"})},
     )
-    assert (llama.engine, llama.version) == ("llamacpp", "b4800-1a2b3c")
+    assert (llama.engine, llama.version) == ("llamacpp", "b4800")
+    assert "build 4800, commit 1a2b3c" in " ".join(llama.evidence)
     nothing = identify_from("http://x", {"/version": Fetched(0, error="refused")})
     assert not nothing.reachable and nothing.engine is None
+
+
+def test_llamacpp_built_without_git_history_claims_no_version() -> None:
+    """An sdist or tarball build reports build number 1: no release can be inferred,
+    so every versioned llama.cpp advisory is to check, never ok."""
+    ident = identify_from(
+        "http://x",
+        {"/props": ok({"build_info": "b1-0c1e570", "total_slots": 4}, server="llama.cpp")},
+    )
+    assert (ident.engine, ident.version, ident.settings) == ("llamacpp", None, {"slots": 4})
+    assert any("build number 1" in e and "0c1e570" in e for e in ident.evidence)
+    verdicts = {a.advisory.id: a.status for a in assess(ident, load_advisories())}
+    assert verdicts["llamacpp-system-prompt-leak"] == CHECK
+    assert verdicts["llamacpp-cache-ram-stale-restore"] == APPLIES  # both on by default
+    declared = assess(ident, load_advisories(), {"cache_ram": False})
+    assert {a.advisory.id: a.status for a in declared}["llamacpp-cache-ram-stale-restore"] == OK
+
+
+def test_engines_that_answer_version_like_vllm_are_told_apart_by_owner() -> None:
+    for owner, engine in (("tensorrt_llm", "tensorrt_llm"), ("vllm-mlx", "vllm_mlx")):
+        ident = identify_from(
+            "http://x",
+            {
+                "/version": ok({"version": "1.2.0"}),
+                "/v1/models": ok({"data": [{"id": "m", "owned_by": owner}]}),
+            },
+        )
+        assert (ident.engine, ident.version) == (engine, "1.2.0")
+        ids = {a.advisory.engine for a in assess(ident, load_advisories())}
+        assert ids <= {engine, "lmcache"} and engine in ids
+
+
+def test_lmcache_advisories_follow_the_engine_that_shows_lmcache() -> None:
+    metrics = (
+        'vllm:cache_config_info{enable_prefix_caching="True",kv_offloading_backend="lmcache",'
+        'kv_offloading_size="64.0"} 1.0\n'
+    )
+    ident = identify_from(
+        "http://x", {"/version": ok({"version": "0.26.0"}), "/metrics": ok(metrics.encode())}
+    )
+    assert ident.engine == "vllm" and ident.settings["lmcache"] is True
+    verdicts = {a.advisory.id: a for a in assess(ident, load_advisories())}
+    # In-process connector or MP mode is not visible: to check, never ok.
+    assert verdicts["lmcache-connectorv1-cache-salt"].status == CHECK
+    assert "lmcache_connector" in verdicts["lmcache-connectorv1-cache-salt"].reason
+    plain = identify_from("http://x", {"/version": ok({"version": "0.26.0"})})
+    plain_verdicts = {a.advisory.id: a.status for a in assess(plain, load_advisories())}
+    assert plain_verdicts["lmcache-connectorv1-cache-salt"] == OK  # lmcache default: off
 
 
 def test_unknown_version_is_check_not_ok() -> None:

@@ -5,8 +5,9 @@ Operators must know whether the engine behind their gateway has known cross-tena
 isolation bugs. Engines say who they are on their info endpoints (vLLM ``/version`` and
 ``/metrics``, SGLang ``/get_server_info``, TGI ``/info``, llama.cpp ``/props``,
 ``/v1/models``, the ``Server`` header); this module reads them, then judges every
-advisory of that engine against the version and the settings: ``applies`` (the audit
-fails), ``check`` (something the audit cannot see decides it) or ``ok``.
+advisory of that engine, and of the add-ons it shows (LMCache), against the version and
+the settings: ``applies`` (the audit fails), ``check`` (something the audit cannot see
+decides it) or ``ok``.
 
 Identification is a pure function of the fetched responses (``identify_from``), so it is
 tested without a network; ``identify`` only does the fetching.
@@ -28,7 +29,10 @@ import aiohttp
 
 from proxy.defaults import ADVISORIES, shipped
 
-ENGINES = ("vllm", "sglang", "tgi", "llamacpp")
+ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "tensorrt_llm", "vllm_mlx")
+#: KV-cache add-ons that run inside an engine: their advisories are judged on any engine,
+#: through the settings that show the add-on (``requires = { lmcache = true }``).
+ADDONS = ("lmcache",)
 KINDS = ("advisory", "setting")
 APPLIES, CHECK, OK = "applies", "check", "ok"
 #: Paths fetched to identify an engine. All are GETs without side effects.
@@ -130,6 +134,16 @@ class AdvisoryDB:
     defaults: Mapping[str, Mapping[str, Any]]
     path: str
     sha256: str
+    standards: tuple[Standard, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Standard:
+    """A requirement an operator is audited against (``[[standard]]``): listed, not judged."""
+
+    id: str
+    title: str
+    source: str
 
 
 _REQUIRED = ("id", "kind", "engine", "title", "affected", "fixed", "setting", "action", "source")
@@ -151,8 +165,10 @@ def load_advisories(path: str | Path | None = None) -> AdvisoryDB:
         missing = [k for k in _REQUIRED if not isinstance(entry.get(k), str)]
         if missing:
             raise AdvisoryError(f"{where}: missing or non-text field(s) {missing}")
-        if entry["engine"] not in ENGINES or entry["kind"] not in KINDS:
-            raise AdvisoryError(f"{where}: engine must be one of {ENGINES}, kind of {KINDS}")
+        if entry["engine"] not in ENGINES + ADDONS or entry["kind"] not in KINDS:
+            raise AdvisoryError(
+                f"{where}: engine must be one of {ENGINES + ADDONS}, kind one of {KINDS}"
+            )
         if entry["id"] in seen:
             raise AdvisoryError(f"{where}: duplicate id")
         seen.add(entry["id"])
@@ -185,7 +201,18 @@ def load_advisories(path: str | Path | None = None) -> AdvisoryDB:
             )
         )
     defaults = data.get("defaults", {})
-    return AdvisoryDB(tuple(advisories), defaults, str(path), hashlib.sha256(raw).hexdigest())
+    standards = []
+    for i, entry in enumerate(data.get("standard", [])):
+        if not all(isinstance(entry.get(k), str) for k in ("id", "title", "source")):
+            raise AdvisoryError(f"{path}: standard #{i + 1}: id, title and source are required")
+        standards.append(Standard(entry["id"], entry["title"], entry["source"]))
+    return AdvisoryDB(
+        tuple(advisories),
+        defaults,
+        str(path),
+        hashlib.sha256(raw).hexdigest(),
+        tuple(standards),
+    )
 
 
 # --- identification ---------------------------------------------------------------------
@@ -250,6 +277,10 @@ def _vllm_settings(metrics: str, version: str | None) -> dict[str, Any]:
         return {}
     labels = dict(_LABEL_RE.findall(match.group("labels")))
     settings: dict[str, Any] = {}
+    if "kv_offloading_backend" in labels:
+        backend = labels["kv_offloading_backend"].lower()
+        offloading = labels.get("kv_offloading_size", "None") not in ("None", "", "0")
+        settings["lmcache"] = backend == "lmcache" and offloading
     if "enable_prefix_caching" in labels:
         settings["prefix_caching"] = _truthy(labels["enable_prefix_caching"])
     algo = labels.get("prefix_caching_hash_algo")
@@ -277,6 +308,25 @@ def _sglang_settings(info: Mapping[str, Any]) -> dict[str, Any]:
     if "enable_hierarchical_cache" in info:
         settings["hierarchical_cache"] = _truthy(info["enable_hierarchical_cache"])
     return settings
+
+
+_BUILD_INFO_RE = re.compile(r"^b(\d+)-(\w+)")
+
+
+def _llamacpp_version(build_info: str) -> tuple[str | None, str]:
+    """``(version, evidence)`` of llama.cpp's ``build_info`` (``b<build>-<commit>``).
+    Build number 1 is what a source tree without git history reports (an sdist, a
+    tarball): such a build cannot be placed among releases, so no version is claimed."""
+    match = _BUILD_INFO_RE.match(build_info)
+    if not match:
+        return None, f"build_info {build_info!r} has no build number"
+    build, commit = match.groups()
+    if build == "1":
+        return None, (
+            f"build_info {build_info}: build number 1 (built from a source tree without git "
+            f"history); the release is unknown, commit {commit}"
+        )
+    return f"b{build}", f"build_info {build_info}: build {build}, commit {commit}"
 
 
 def _short(body: Any, limit: int = 80) -> str:
@@ -342,9 +392,18 @@ def identify_from(target: str, fetched: Mapping[str, Fetched]) -> Identification
     ):
         ident.engine = "llamacpp"
         if isinstance(props, dict) and props.get("build_info"):
-            ident.version = str(props["build_info"])
+            ident.version, note = _llamacpp_version(str(props["build_info"]))
+            ident.evidence.append(note)
         if isinstance(props, dict):
             ident.evidence.append("/props: " + _short(props))
+            if isinstance(props.get("total_slots"), int):
+                ident.settings["slots"] = props["total_slots"]
+    elif owners & {"tensorrt_llm", "vllm-mlx"}:
+        # Both answer /version like vLLM does: told apart by who owns the models.
+        ident.engine = "tensorrt_llm" if "tensorrt_llm" in owners else "vllm_mlx"
+        if isinstance(version_body, dict) and version_body.get("version"):
+            ident.version = str(version_body["version"])
+            ident.evidence.append("/version: " + _short(version_body))
     elif (
         (isinstance(version_body, dict) and isinstance(version_body.get("version"), str))
         or "vllm" in owners
@@ -357,6 +416,9 @@ def identify_from(target: str, fetched: Mapping[str, Fetched]) -> Identification
         if "vllm:" in metrics:
             ident.evidence.append("/metrics: vllm: metrics present")
         ident.settings = _vllm_settings(metrics, ident.version)
+        if "lmcache:" in metrics:
+            ident.settings["lmcache"] = True
+            ident.evidence.append("/metrics: lmcache: metrics present")
     return ident
 
 
@@ -442,9 +504,8 @@ def assess(
     defaults = db.defaults.get(ident.engine or "", {})
     results = []
     for adv in db.advisories:
-        if adv.engine != ident.engine:
-            continue
-        results.append(_judge(adv, ident, assumed, defaults))
+        if adv.engine == ident.engine or (ident.engine and adv.engine in ADDONS):
+            results.append(_judge(adv, ident, assumed, defaults))
     order = {APPLIES: 0, CHECK: 1, OK: 2}
     return sorted(results, key=lambda a: order[a.status])
 
@@ -454,6 +515,8 @@ def _judge(
 ) -> Assessment:
     why: list[str] = []
     if adv.affected.strip() != "*":
+        if adv.engine in ADDONS:
+            return Assessment(adv, CHECK, f"{adv.engine} version not exposed; {adv.affected}")
         if ident.version is None:
             return Assessment(adv, CHECK, f"version not exposed; affected {adv.affected}")
         try:
@@ -487,8 +550,11 @@ def _judge(
 # --- report -----------------------------------------------------------------------------
 
 
-def render(ident: Identification, assessments: list[Assessment]) -> str:
-    """The audit as text: what was found, a table of verdicts, what to do."""
+def render(
+    ident: Identification, assessments: list[Assessment], standards: tuple[Standard, ...] = ()
+) -> str:
+    """The audit as text: what was found, a table of verdicts, what to do, and the
+    standards that ask for tenant-split caches."""
     lines = [f"target:   {ident.target}"]
     if not ident.reachable:
         lines.append("engine:   target not reachable")
@@ -520,6 +586,9 @@ def render(ident: Identification, assessments: list[Assessment]) -> str:
     applies = sum(a.status == APPLIES for a in assessments)
     checks = sum(a.status == CHECK for a in assessments)
     lines += ["", f"{applies} apply, {checks} to check, {len(assessments) - applies - checks} ok"]
+    if standards:
+        lines += ["", "Standards to hold the deployment to:"]
+        lines += [f"  {s.id}: {s.title}\n      source: {s.source}" for s in standards]
     return "\n".join(lines) + "\n"
 
 

@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     ident = asyncio.run(identify(args.target, api_key=args.api_key, timeout=args.timeout))
     assessments = assess(ident, db, assumed)
-    sys.stdout.write(render(ident, assessments))
+    sys.stdout.write(render(ident, assessments, db.standards))
     if not ident.reachable or not ident.engine:
         status, verdict = 2, "engine not identified" if ident.reachable else "target unreachable"
     elif any(a.status == APPLIES for a in assessments):
