@@ -4,6 +4,7 @@ the simulator's truth file."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import random
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from conftest import ROOT, TEST_KEY, Sim, free_port, run_mitmdump, run_sim
 
 from proxy.assurance.probe import (
@@ -208,3 +210,36 @@ def test_probe_errors(tmp_path: Path) -> None:
     assert done.returncode == 2 and "cannot list models" in done.stderr
     done, _ = probe("--target", "http://127.0.0.1:9", "--tenants", "1")
     assert done.returncode == 2 and "at least 2" in done.stderr
+
+
+def test_probe_of_a_model_that_ignores_its_prompt_is_inconclusive(tmp_path: Path) -> None:
+    """A model that never repeats its own prompt's values could not have repeated another
+    tenant's: the probe says so (exit 2) instead of "no contamination found"."""
+
+    async def chat(_request: web.Request) -> web.Response:
+        message = {"role": "assistant", "content": "Thanks for reaching out, happy to help."}
+        return web.json_response({"id": "x", "object": "chat.completion", "model": "deaf",
+                                  "choices": [{"index": 0, "message": message,
+                                               "finish_reason": "stop"}]})  # fmt: skip
+
+    async def models(_request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "deaf", "object": "model"}]})
+
+    async def run() -> subprocess.CompletedProcess:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            args = ("--target", f"http://127.0.0.1:{port}", "--tenants", "3", "--requests", "30")
+            return await asyncio.to_thread(lambda: probe(*args)[0])
+        finally:
+            await runner.cleanup()
+
+    done = asyncio.run(run())
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "INCONCLUSIVE" in done.stdout and "0 of 30 answers repeated" in done.stdout
+    assert "sensitivity" in done.stdout

@@ -22,6 +22,13 @@ id-like number only the source used. A fresh engine flags some shared model boil
 between tenants (docs/benchmarks.md, "Quality"); boilerplate holds no such word, so it
 stays unconfirmed: reported, never counted as contamination.
 
+How sensitive a run was is measured, not assumed: the probe can only see a leak that the
+model writes out, so it counts the answers that repeat a value of their own prompt (the
+system prompt asks for the reference code). A model that repeats its own values in
+fewer than ``MIN_SENSITIVITY`` of its answers (one that does not follow instructions,
+a random-weight test model) could not have shown another tenant's either: its run is
+"inconclusive", never "no contamination found".
+
 With ``determinism`` a sample of prompts is sent again one at a time at temperature 0
 and compared with the answers given under load: a difference is not proof of a leak
 (engines are not bit-exact under batching), but a leak shows up as one.
@@ -51,6 +58,7 @@ SYSTEM_PROMPT = (
 CHAT_PATH = "/v1/chat/completions"
 SOLO = "-solo"  # request id suffix of a determinism repeat
 MIN_CONFIRM_WORDS = 8  # a fragment is confirmed by runs of this many words of its source
+MIN_SENSITIVITY = 0.5  # share of answers that must repeat one of their own values
 MAX_RECORDED_FINDINGS = 200
 
 
@@ -396,9 +404,16 @@ class Tally:
     ok: int = 0
     errors: int = 0
     blocked: int = 0
+    echoed: int = 0  # answers that repeat a value of their own prompt
     findings: list[Contamination] = field(default_factory=list)
     error_samples: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+
+    @property
+    def sensitivity(self) -> float:
+        """Share of the answers that repeat one of their own prompt's values: how likely
+        the run was to show another tenant's, had it been there."""
+        return self.echoed / self.ok if self.ok else 0.0
 
     @property
     def contaminated(self) -> set[str]:
@@ -599,8 +614,18 @@ class ProbeResult:
 
     @property
     def inconclusive(self) -> bool:
-        """Too few answers to say anything."""
-        return self.load.ok < max(1, self.load.sent // 2)
+        """Too few answers to say anything, or answers that could not have shown a leak:
+        a model that does not repeat its own prompt's values would not repeat another's."""
+        return self.load.ok < max(1, self.load.sent // 2) or self.load.sensitivity < MIN_SENSITIVITY
+
+    def why_inconclusive(self) -> str:
+        if self.load.ok < max(1, self.load.sent // 2):
+            return f"only {self.load.ok} of {self.load.sent} requests answered"
+        return (
+            f"{self.load.echoed} of {self.load.ok} answers repeated a value of their own "
+            f"prompt (at least {MIN_SENSITIVITY:.0%} needed): the model does not echo its "
+            "prompt, so it could not have shown another tenant's"
+        )
 
     def counts(self) -> dict[str, Any]:
         by_kind = Counter(c.kind for c in self.confirmed)
@@ -610,6 +635,8 @@ class ProbeResult:
         return {
             "requests_sent": self.load.sent,
             "answered": self.load.ok,
+            "answers_repeating_own_values": self.load.echoed,
+            "sensitivity": round(self.load.sensitivity, 4),
             "errors": self.load.errors,
             "blocked_by_proxy": self.load.blocked,
             "contaminated_responses": len({c.victim_request for c in self.confirmed}),
@@ -714,6 +741,7 @@ def _record(tally: Tally, req: ProbeRequest, answer: Answer, found: list[Contami
     if answer.status == "ok":
         tally.ok += 1
         tally.latencies.append(answer.latency)
+        tally.echoed += any(value in answer.text for value in req.private_values() if value)
     elif answer.status == "blocked":
         tally.blocked += 1
     else:
@@ -770,6 +798,10 @@ def render(result: ProbeResult, engine_line: str = "") -> str:
     rows: list[tuple[str, Any]] = [
         ("requests sent", c["requests_sent"]),
         ("answered", c["answered"]),
+        (
+            "sensitivity: answers repeating their own values",
+            f"{c['answers_repeating_own_values']} ({c['sensitivity']:.0%})",
+        ),
         ("errors", c["errors"]),
         ("blocked by a crosstalk proxy", c["blocked_by_proxy"]),
         ("responses with another tenant's data", c["contaminated_responses"]),
@@ -790,6 +822,8 @@ def render(result: ProbeResult, engine_line: str = "") -> str:
     rows.append(("verdict", result.verdict().upper()))
     width = max(len(r[0]) for r in rows)
     lines += [f"{name.ljust(width)}  {value}" for name, value in rows]
+    if result.verdict() == "inconclusive":
+        lines.append(f"  why: {result.why_inconclusive()}")
     for sample in c["error_samples"]:
         lines.append(f"  error: {sample}")
     confirmed = result.confirmed
