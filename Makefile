@@ -17,6 +17,7 @@ run: $(STAMP)
 test: $(STAMP)
 	@./scripts/ensure-redis.sh
 	@./scripts/ensure-chromium.sh
+	@./scripts/ensure-llama-server.sh >/dev/null
 	$(VENV)/bin/ruff check proxy addons tests bench
 	$(VENV)/bin/ruff format --check proxy addons tests bench
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

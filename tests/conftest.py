@@ -77,14 +77,15 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port found")
 
 
-def start_server(command_for, timeout: float = 30.0, attempts: int = 3):
+def start_server(command_for, timeout: float = 30.0, attempts: int = 3, stderr=subprocess.PIPE):
     """Start ``command_for(port)`` on a free port; ``(proc, port)`` once it listens. A
     server that exits before listening (its port was taken after all) is started again
-    on another port."""
+    on another port. A server that logs a lot needs ``stderr`` to be a file: nobody reads
+    the pipe, and a full pipe blocks the server."""
     for attempt in range(attempts):
         port = free_port()
         proc = subprocess.Popen(
-            command_for(port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            command_for(port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
         )
         try:
             wait_for_port(port, proc, timeout)
