@@ -23,6 +23,8 @@ from pathlib import Path
 import openai
 import pytest
 from conftest import ROOT, missing_tool, start_server, stop, wait_for_events
+from mitmproxy import http
+from mitmproxy.io import FlowReader
 from tiny_gguf import write_tiny_model
 
 TENANTS = {"sk-llama-alpha": "alpha", "sk-llama-beta": "beta", "sk-llama-gamma": "gamma",
@@ -79,6 +81,16 @@ def wait_for_health(url: str) -> None:
 class Crosstalk:
     url: str
     log: Path
+    flows: Path  # --capture: every exchange as the engine sent it, flushed per flow
+
+    def engine_sent(self) -> dict[str, bytes]:
+        """Response bytes as crosstalk received them from the engine, by request id."""
+        with self.flows.open("rb") as f:
+            return {
+                fl.request.headers["x-request-id"]: fl.response.raw_content
+                for fl in FlowReader(f).stream()
+                if isinstance(fl, http.HTTPFlow) and fl.response is not None
+            }
 
 
 def crosstalk_run(tmp: Path, upstream: str, mode: str) -> Iterator[Crosstalk]:
@@ -87,16 +99,17 @@ def crosstalk_run(tmp: Path, upstream: str, mode: str) -> Iterator[Crosstalk]:
     cfg.write_text(
         f'[proxy]\nmode = "{mode}"\n[tenants]\nsources = ["api_key"]\n[tenants.api_keys]\n{keys}\n'
     )
-    log = tmp / f"events-{mode}.jsonl"
+    log, flows = tmp / f"events-{mode}.jsonl", tmp / f"flows-{mode}.mitm"
 
     def command(port: int) -> list[str]:
         return [sys.executable, "-m", "proxy", "run", "--listen-port", str(port),
-                "--upstream", upstream, "--config", str(cfg), "--log-file", str(log)]  # fmt: skip
+                "--upstream", upstream, "--config", str(cfg), "--log-file", str(log),
+                "--capture", str(flows)]  # fmt: skip
 
     with (tmp / f"crosstalk-{mode}.stderr").open("wb") as stderr:
         proc, port = start_server(command, stderr=stderr)
     try:
-        yield Crosstalk(f"http://127.0.0.1:{port}", log)
+        yield Crosstalk(f"http://127.0.0.1:{port}", log, flows)
     finally:
         assert stop(proc) == 0
 
@@ -111,6 +124,7 @@ def gateway(request, llama: str, module_tmp: Path) -> Iterator[Crosstalk]:
 
 @dataclass(frozen=True)
 class Call:
+    request_id: str
     key: str
     messages: tuple[tuple[str, str], ...]
     stream: bool
@@ -137,13 +151,16 @@ def workload(n: int = 48) -> list[Call]:
     for i in range(n):
         question = "Hello, how are you?" if i % 3 == 0 else f"Plan item {i}: budget {1000 + i}?"
         messages = (("system", "You are a helpful assistant."), ("user", question))
-        calls.append(Call(keys[i % len(keys)], messages, stream=bool(i % 2)))
+        calls.append(Call(f"llama-{i:04d}", keys[i % len(keys)], messages, stream=bool(i % 2)))
     return calls
 
 
 def send(base: str, call: Call) -> tuple[dict | list[dict], bytes]:
     """The parsed answer (a body, or a stream's chunks) and the raw bytes."""
-    client = openai.OpenAI(base_url=f"{base}/v1", api_key=call.key, max_retries=0, timeout=60)
+    client = openai.OpenAI(
+        base_url=f"{base}/v1", api_key=call.key, max_retries=0, timeout=60,
+        default_headers={"X-Request-ID": call.request_id},
+    )  # fmt: skip
     api = client.chat.completions
     if call.stream:
         with api.with_streaming_response.create(stream=True, **call.body()) as resp:
@@ -176,9 +193,14 @@ def run_all(base: str, calls: list[Call]) -> list[tuple[dict | list[dict], bytes
 
 
 def test_answers_through_crosstalk_are_the_engines(llama: str, gateway: Crosstalk) -> None:
+    """Byte for byte what the engine sent (its capture beside what the client read), and
+    the same answers as straight from the engine but for ids, clocks and cache counts."""
     calls = workload()
     direct = run_all(llama, calls)
     through = run_all(gateway.url, calls)
+    sent = gateway.engine_sent()
+    for call, (_, raw) in zip(calls, through, strict=True):
+        assert raw == sent[call.request_id], call
     for call, (want, _), (got, raw) in zip(calls, direct, through, strict=True):
         if call.stream:
             assert [stable(c) for c in got] == [stable(c) for c in want], call
@@ -189,7 +211,8 @@ def test_answers_through_crosstalk_are_the_engines(llama: str, gateway: Crosstal
 
 
 def test_usage_and_timings_chunks_reach_the_client(gateway: Crosstalk) -> None:
-    chunks, _ = send(gateway.url, Call(next(iter(TENANTS)), (("user", "Count to three."),), True))
+    call = Call("llama-usage", next(iter(TENANTS)), (("user", "Count to three."),), True)
+    chunks, _ = send(gateway.url, call)
     last = chunks[-1]
     assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
     assert "timings" in last and last["timings"]["predicted_n"] > 0
