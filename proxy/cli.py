@@ -23,6 +23,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "proxy.commands.probe",
     ),
     "verify-evidence": ("check the SHA-256 of evidence records", "proxy.commands.verify_evidence"),
+    "hash-key": (
+        "print a [tenants.api_keys] line that maps a key by its hash",
+        "proxy.commands.hash_key",
+    ),
     "baseline": (
         "fingerprint a public corpus (docs, templates) that is nobody's private text",
         "proxy.commands.baseline",

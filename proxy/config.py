@@ -7,6 +7,7 @@ an error (a typo must not silently fall back to a default).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 
 from proxy.engine import EngineConfig
 from proxy.store.journal import JournalSettings
-from proxy.tenants import SOURCES
+from proxy.tenants import DEFAULT_TRUSTED_PEERS, SOURCES
 
 MODES = ("shadow", "enforce")
 LOG_FORMATS = ("auto", "json", "console")
@@ -45,6 +46,13 @@ class TenantSection:
     header: str = "X-Tenant-ID"
     unknown: str = "anonymous"  # or "reject": 400 with an OpenAI-format error
     api_keys: dict[str, str] = field(default_factory=dict)
+    # Peers (CIDRs) whose tenant header or body `user` counts; from anyone else such a
+    # claim is ignored and logged (tenant.untrusted). Loopback: a gateway on this host.
+    trusted_peers: tuple[str, ...] = DEFAULT_TRUSTED_PEERS
+    # A request carrying this secret in gateway_header may claim a tenant from anywhere
+    # (an auth gateway in front); the header is removed before the request goes upstream.
+    gateway_header: str = "X-Crosstalk-Gateway"
+    gateway_secret: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +294,13 @@ def validate(config: Config) -> Config:
         raise ConfigError(f"tenants.unknown must be one of {UNKNOWN_TENANT}")
     if bad := set(t.sources) - set(SOURCES):
         raise ConfigError(f"tenants.sources: unknown {sorted(bad)}; use {list(SOURCES)}")
+    for cidr in t.trusted_peers:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as e:
+            raise ConfigError(f"tenants.trusted_peers: {e}") from None
+    if t.gateway_secret and len(t.gateway_secret) < 16:
+        raise ConfigError("tenants.gateway_secret must be at least 16 characters")
     if d.k < 2 or d.winnow_window < 1 or d.min_run_words <= 0 or d.common_tenants < 2:
         raise ConfigError(
             "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"

@@ -50,4 +50,12 @@ def tenant_rules(config: Config, secret: bytes) -> TenantRules:
     """How requests are attributed to tenants; ``secret`` keys the pseudonyms of
     unmapped API keys (the engine's key, so they are stable under a fixed key)."""
     t = config.tenants
-    return TenantRules(sources=t.sources, header=t.header, api_keys=dict(t.api_keys), secret=secret)
+    return TenantRules(
+        sources=t.sources,
+        header=t.header,
+        api_keys=dict(t.api_keys),
+        secret=secret,
+        trusted_peers=t.trusted_peers,
+        gateway_header=t.gateway_header,
+        gateway_secret=t.gateway_secret,
+    )

@@ -149,6 +149,11 @@ class Sim:
         with urllib.request.urlopen(f"{self.url}/_sim/sent/{request_id}", timeout=10) as r:
             return r.read()
 
+    def headers(self, request_id: str) -> dict:
+        """The headers the simulator received for ``request_id`` (names lower-cased)."""
+        with urllib.request.urlopen(f"{self.url}/_sim/headers/{request_id}", timeout=10) as r:
+            return json.loads(r.read())
+
     def answer(self, request_id: str) -> str:
         """Choice 0's text as the simulator generated it, faults applied: the ground
         truth of what the engine meant to send, also when a proxy cut it short."""

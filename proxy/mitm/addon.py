@@ -31,7 +31,7 @@ from proxy.engine.records import Record
 from proxy.eventlog import make_logger
 from proxy.mitm import error_pages as mitm_errors
 from proxy.mitm.detector_process import DetectorProcess, FlowMirror
-from proxy.mitm.flowstate import METADATA_KEY
+from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
 from proxy.mitm.idle import IdleQueue
 from proxy.pipeline.exchange import (
     BLOCK_MESSAGE,
@@ -43,7 +43,7 @@ from proxy.protocols import ParsedRequest, ProtocolError, Route, route_for
 from proxy.store.journal import JournalError, JournalWriter
 from proxy.store.journal import load_window as journal_load_window
 from proxy.store.redis_index import SharedIndex, open_index
-from proxy.tenants import TenantRules, request_id_of, resolve_tenant
+from proxy.tenants import TenantRules, identify, request_id_of
 
 READY_TIMEOUT = 120.0  # seconds a detector process may take to load its state
 RESTART_DELAY = 1.0  # seconds before a dead detector process is replaced
@@ -337,6 +337,14 @@ class CrossTalk:
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response or flow.error or not flow.live:
             return
+        peer = flow.client_conn.peername[0] if flow.client_conn.peername else None
+        trusted = flow.metadata.get(CLAIMS_TRUSTED_KEY)
+        if trusted is None:
+            trusted = flow.metadata[CLAIMS_TRUSTED_KEY] = self.rules.trusts(
+                peer, flow.request.headers
+            )
+        # The gateway's secret is for crosstalk alone: never upstream, on any path.
+        flow.request.headers.pop(self.rules.gateway_header, None)
         route = route_for(flow.request.method, flow.request.path)
         if route is None:
             self._note_unknown(flow)
@@ -348,11 +356,22 @@ class CrossTalk:
         # With a detector process, this one reads the body only for a tenant named
         # nowhere else (its ``user`` field): the detector parses its copy anyway.
         parsed = None if self.mirror is not None else self._parse(flow, route, request_id)
-        tenant = resolve_tenant(self.rules, flow.request.headers, parsed.user if parsed else None)
-        if tenant is None and self.mirror is not None:
+        headers = flow.request.headers
+        identity = identify(self.rules, headers, parsed.user if parsed else None, trusted=trusted)
+        if identity.tenant is None and self.mirror is not None:
             with contextlib.suppress(ProtocolError):  # the detector logs request.unparsed
                 parsed = route.parse_request(flow.request.get_content(strict=False) or b"")
-            tenant = resolve_tenant(self.rules, flow.request.headers, parsed and parsed.user)
+            identity = identify(self.rules, headers, parsed and parsed.user, trusted=trusted)
+        tenant = identity.tenant
+        if identity.ignored and self.mirror is None:  # else the detector process logs it
+            self.log.warning(
+                "tenant.untrusted",
+                request_id=request_id,
+                peer=peer,
+                sources=[source for source, _ in identity.ignored],
+                claimed=[name for _, name in identity.ignored],
+                tenant=tenant or "anonymous",
+            )
         if tenant is None:
             if self.config.tenants.unknown == "reject":
                 self._reject_unknown_tenant(flow, request_id, route)

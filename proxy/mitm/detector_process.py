@@ -39,6 +39,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY
+
 _LENGTH = struct.Struct("!I")
 MAX_FRAME = 1 << 30
 DEFAULT_MAX_BACKLOG = 256 << 20  # bytes copied but not yet read by the child
@@ -353,7 +355,9 @@ class FlowMirror:
             return
         self._next_id += 1
         flow.metadata[MIRROR_KEY] = self._next_id
-        self.process.send("request", self._next_id, flow.request.get_state(), time.monotonic())
+        trusted = bool(flow.metadata.get(CLAIMS_TRUSTED_KEY))
+        state = (flow.request.get_state(), flow.client_conn.peername, trusted)
+        self.process.send("request", self._next_id, state, time.monotonic())
 
     def responseheaders(self, flow: Any, streamed: bool) -> None:
         xid = flow.metadata.get(MIRROR_KEY)

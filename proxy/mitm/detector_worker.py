@@ -35,10 +35,10 @@ from mitmproxy.proxy.layers.http import (
 
 from proxy.mitm.addon import CrossTalk
 from proxy.mitm.detector_process import READ_SIZE, FrameDecoder, encode
-from proxy.mitm.flowstate import METADATA_KEY
+from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
 from proxy.mitm.wiring import default_addons
 
-_PEER = ("127.0.0.1", 0)  # the copies' client: the real one is the proxy's business
+_PEER = ("127.0.0.1", 0)  # a copy's client when the proxy sent no peer
 
 
 class ExchangeCopies:
@@ -83,14 +83,16 @@ class ExchangeCopies:
             flow.error = Error(data)
             await self._hook(HttpErrorHook(flow))
 
-    async def _request(self, xid: int, state: dict, at: float) -> None:
+    async def _request(self, xid: int, data: tuple, at: float) -> None:
+        state, peer, trusted = data
         request = http.Request.from_state(state)
         flow = http.HTTPFlow(
-            connection.Client(peername=_PEER, sockname=_PEER, timestamp_start=time.time()),
+            connection.Client(peername=peer or _PEER, sockname=_PEER, timestamp_start=time.time()),
             connection.Server(address=(request.host, request.port)),
             live=True,
         )
         flow.request = request
+        flow.metadata[CLAIMS_TRUSTED_KEY] = trusted
         await self._hook(HttpRequestHook(flow))
         monitor = flow.metadata.get(METADATA_KEY)
         if monitor is not None:

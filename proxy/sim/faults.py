@@ -304,11 +304,11 @@ class FaultInjector:
         return new_answer, fault
 
     def _candidates(self, tenant: str, source: str | None = None) -> list[Exchange]:
-        return [
-            e
-            for e in self._ring
-            if e.tenant != tenant and (source is None or e.request_id == source)
-        ][-RECENT_WINDOW:]
+        if source is not None:
+            # Named by a test: that exchange, whoever the requests claimed to be (a client
+            # that sends another tenant's name is still another client).
+            return [e for e in self._ring if e.request_id == source]
+        return [e for e in self._ring if e.tenant != tenant][-RECENT_WINDOW:]
 
     def _pick(self, candidates: Sequence[Exchange]) -> Exchange:
         """One candidate, favouring the most recent (linear weights)."""

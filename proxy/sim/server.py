@@ -87,6 +87,9 @@ class _State:
     # The JSON body received per request id (newest SENT_RECORDS), for tests of what a
     # gateway adds to requests (cache_salt, canaries): GET /_sim/received/{request_id}.
     received: OrderedDict[str, dict] = field(default_factory=OrderedDict)
+    # The headers of each request (newest SENT_RECORDS), for tests of what a proxy
+    # forwards or removes: GET /_sim/headers/{request_id}, names lower-cased.
+    headers: OrderedDict[str, dict] = field(default_factory=OrderedDict)
     # The answer texts generated per request id, faults applied (newest SENT_RECORDS):
     # the ground truth a judge compares findings with, GET /_sim/answer/{request_id}.
     answers: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
@@ -433,8 +436,11 @@ def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) 
     request_id = request.headers.get("X-Request-ID", "").strip() or f"sim-{next(state.counter):08d}"
     tenant = resolve_tenant(request.headers, body)
     state.received[request_id] = body
+    state.headers[request_id] = {k.lower(): v for k, v in request.headers.items()}
     while len(state.received) > SENT_RECORDS:
         state.received.popitem(last=False)
+    while len(state.headers) > SENT_RECORDS:
+        state.headers.popitem(last=False)
     if kind in NATIVE_FORMATS:
         req = NATIVE_FORMATS[kind].parse(body)
         prompt, private, max_words, stream = req.prompt, req.private, req.max_words, req.stream
@@ -640,6 +646,12 @@ async def answer(request: web.Request) -> web.Response:
     return web.json_response({"answers": texts}, status=200 if texts is not None else 404)
 
 
+async def headers(request: web.Request) -> web.Response:
+    """GET /_sim/headers/{request_id}: the headers received for that request (test hook)."""
+    seen = request.app[STATE_KEY].headers.get(request.match_info["request_id"])
+    return web.json_response(seen, status=200 if seen is not None else 404)
+
+
 async def received(request: web.Request) -> web.Response:
     """GET /_sim/received/{request_id}: the JSON body received for that request (test hook)."""
     body = request.app[STATE_KEY].received.get(request.match_info["request_id"])
@@ -734,6 +746,7 @@ def make_app(cfg: SimConfig) -> web.Application:
     app.router.add_get("/health", health)
     app.router.add_get("/_sim/sent/{request_id}", sent)
     app.router.add_get("/_sim/answer/{request_id}", answer)
+    app.router.add_get("/_sim/headers/{request_id}", headers)
     app.router.add_get("/_sim/outcome/{request_id}", outcome)
     app.router.add_get("/_sim/received/{request_id}", received)
     return app

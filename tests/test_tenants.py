@@ -1,0 +1,174 @@
+"""Tenant identity no client can forge: a tenant header or a body ``user`` is a claim,
+taken only from a trusted peer or with the gateway's secret; otherwise the credential
+decides. Unit rules first, then spoofing attempts through a real mitmdump, with the
+client on another loopback address than the trusted one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx2
+import openai
+import pytest
+from conftest import ROOT, run_mitmdump, run_sim, wait_for_events
+
+from proxy.tenants import TenantRules, hash_key, identify
+
+SECRET = "gateway-secret-0123456789"
+
+
+class Headers(dict):
+    """Case-insensitive lookups, as mitmproxy's headers do."""
+
+    def get(self, key, default=None):
+        return next((v for k, v in self.items() if k.lower() == key.lower()), default)
+
+
+def rules(**kw) -> TenantRules:
+    return TenantRules(secret=b"k", **kw)
+
+
+def test_claims_count_only_from_trusted_peers_or_with_the_gateway_secret():
+    r = rules(trusted_peers=("10.0.0.0/8",), gateway_secret=SECRET)
+    spoof = Headers({"X-Tenant-ID": "victim", "Authorization": "Bearer sk-mine"})
+    assert r.trusts("10.1.2.3", spoof) and r.trusts("::ffff:10.1.2.3", spoof)
+    assert not r.trusts("192.168.1.5", spoof) and not r.trusts(None, spoof)
+    assert r.trusts("192.168.1.5", Headers({"X-Crosstalk-Gateway": SECRET}))
+    assert not r.trusts("192.168.1.5", Headers({"X-Crosstalk-Gateway": SECRET[:-1] + "x"}))
+    untrusted = identify(r, spoof, "victim", trusted=False)
+    assert untrusted.tenant.startswith("key:")  # the credential decides
+    assert untrusted.ignored == (("header", "victim"),)
+    assert identify(r, spoof, None, trusted=True).tenant == "victim"
+    # No credential at all: an untrusted claim names nobody.
+    alone = identify(r, Headers({"X-Tenant-ID": "victim"}), "victim", trusted=False)
+    assert alone.tenant is None and alone.ignored == (("header", "victim"), ("user", "victim"))
+
+
+def test_default_trusts_loopback_only():
+    r = rules()
+    assert r.trusts("127.0.0.1", Headers()) and r.trusts("::1", Headers())
+    assert not r.trusts("10.0.0.1", Headers())
+    assert not rules(trusted_peers=()).trusts("127.0.0.1", Headers())
+
+
+def test_api_keys_can_be_written_as_their_hash():
+    r = rules(api_keys={hash_key("sk-live-abc"): "acme", "sk-plain": "globex"})
+    assert identify(r, Headers({"Authorization": "Bearer sk-live-abc"}), None, trusted=False) == (
+        identify(r, Headers({"x-api-key": "sk-live-abc"}), None, trusted=False)
+    )
+    assert r.tenant_of_key("sk-live-abc") == "acme" and r.tenant_of_key("sk-plain") == "globex"
+    assert r.tenant_of_key("sk-other").startswith("key:")
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "hash-key", "acme"],
+        input="sk-live-abc\n", cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == f'"{hash_key("sk-live-abc")}" = "acme"'
+    assert "sk-live-abc" not in done.stdout
+
+
+# --- through mitmdump -------------------------------------------------------------------
+
+
+def client(url: str, key: str, source: str = "127.0.0.1", **headers: str) -> openai.OpenAI:
+    """An SDK client whose connections leave from ``source`` (a loopback address)."""
+    transport = httpx2.HTTPTransport(local_address=source)
+    return openai.OpenAI(
+        base_url=f"{url}/v1", api_key=key, default_headers=headers, max_retries=0, timeout=30,
+        http_client=httpx2.Client(transport=transport),
+    )  # fmt: skip
+
+
+def ask(c: openai.OpenAI, text: str) -> str:
+    out = c.chat.completions.create(model="m", messages=[{"role": "user", "content": text}])
+    return out.choices[0].message.content or ""
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    """Trusted peer 127.0.0.2 (the "gateway"); clients on 127.0.0.1 are untrusted."""
+    cfg = tmp_path / "tenants.toml"
+    cfg.write_text(
+        '[tenants]\nsources = ["header", "api_key", "user"]\ntrusted_peers = ["127.0.0.2/32"]\n'
+        f'gateway_secret = "{SECRET}"\n'
+        '[tenants.api_keys]\n"sk-alpha" = "alpha"\n'
+        f'"{hash_key("sk-beta")}" = "beta"\n'
+    )
+    with run_sim(tmp_path) as sim, run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p:
+        yield sim, p
+
+
+SECRET_PROMPT = (
+    "Draft the Q3 note: Project Marlowe Kestrel closes on 14 May, owner Ingrid Vasquez-Oduya, "
+    "budget 4,817,230 EUR, contact ingrid.vasquez@marlowe-kestrel.example.org."
+)
+
+
+def leak_into(url: str, key: str, source_id: str, **headers: str) -> None:
+    """A request whose answer the simulator corrupts with a page of ``source_id``'s prompt."""
+    fault = {"x-sim-fault": "prompt_page", "x-sim-fault-source": source_id,
+             "x-sim-fault-words": "24", "X-Request-ID": "victim"}  # fmt: skip
+    ask(client(url, key, **fault, **headers), "Hi there")
+
+
+def test_a_victim_naming_the_source_tenant_still_gets_its_leak_found(gateway):
+    """The spoof of the issue: the client that receives alpha's text also sends
+    ``X-Tenant-ID: alpha``. From an untrusted peer the claim is ignored (and logged), the
+    API key says beta, and the leak is a finding."""
+    sim, proxy = gateway
+    ask(client(proxy.url, "sk-alpha", **{"X-Request-ID": "source"}), SECRET_PROMPT)
+    leak_into(proxy.url, "sk-beta", "source", **{"X-Tenant-ID": "alpha"})
+    events = wait_for_events(
+        proxy.log, lambda ev: sum(e["event"] == "exchange" for e in ev) >= 2, timeout=30
+    )
+    untrusted = [e for e in events if e["event"] == "tenant.untrusted"]
+    assert untrusted and untrusted[0]["claimed"] == ["alpha"] and untrusted[0]["tenant"] == "beta"
+    assert untrusted[0]["peer"] == "127.0.0.1"
+    found = [e for e in events if e["event"] == "leak.detected" and e["request_id"] == "victim"]
+    assert found and found[0]["tenant"] == "beta" and found[0]["source_tenant"] == "alpha"
+
+
+def test_trusted_gateway_claims_count_and_its_secret_never_goes_upstream(gateway):
+    sim, proxy = gateway
+    # From the trusted peer: the header names the tenant.
+    ask(client(proxy.url, "sk-alpha", "127.0.0.2", **{"X-Tenant-ID": "acme",
+                                                      "X-Request-ID": "from-peer"}), "hello")  # fmt: skip
+    # From anywhere, with the secret: the header counts too, and the secret is removed.
+    with_secret = client(proxy.url, "sk-alpha", **{"X-Tenant-ID": "initech",
+                         "X-Crosstalk-Gateway": SECRET, "X-Request-ID": "with-secret"})  # fmt: skip
+    ask(with_secret, "hello")
+    events = wait_for_events(
+        proxy.log, lambda ev: sum(e["event"] == "exchange" for e in ev) >= 2, timeout=30
+    )
+    tenants = {e["request_id"]: e["tenant"] for e in events if e["event"] == "exchange"}
+    assert tenants == {"from-peer": "acme", "with-secret": "initech"}
+    assert not [e for e in events if e["event"] == "tenant.untrusted"]
+    received = sim.headers("with-secret")
+    assert received.get("x-tenant-id") == "initech"  # the claim itself passes through
+    assert "x-crosstalk-gateway" not in received and SECRET not in str(received)
+
+
+def test_one_key_rotating_fifty_names_cannot_make_a_victims_text_common(gateway):
+    """Poisoning: commonness counts tenants. One credential sending 50 made-up tenant
+    names from an untrusted peer stays one tenant, so the victim's text stays private
+    and its leak is still found."""
+    sim, proxy = gateway
+    ask(client(proxy.url, "sk-alpha", **{"X-Request-ID": "source"}), SECRET_PROMPT)
+    attacker = "sk-attacker-0123456789abcdef"
+    for i in range(50):
+        ask(client(proxy.url, attacker, **{"X-Tenant-ID": f"fake-{i:02d}",
+                                            "X-Request-ID": f"poison-{i:02d}"}), SECRET_PROMPT)  # fmt: skip
+    leak_into(proxy.url, "sk-beta", "source")
+    events = wait_for_events(
+        proxy.log, lambda ev: sum(e["event"] == "exchange" for e in ev) >= 52, timeout=60
+    )
+    tenants = {e["request_id"]: e["tenant"] for e in events if e["event"] == "exchange"}
+    attacker_tenant = tenants["poison-00"]
+    assert {tenants[f"poison-{i:02d}"] for i in range(50)} == {attacker_tenant}
+    assert attacker_tenant.startswith("key:")
+    assert len([e for e in events if e["event"] == "tenant.untrusted"]) == 50
+    found = [e for e in events if e["event"] == "leak.detected" and e["request_id"] == "victim"]
+    # Two tenants hold the text now (alpha, and the attacker who sent it 50 times): still
+    # private to them, not common, so the leak to beta is found.
+    assert found and found[0]["tenant"] == "beta"
+    assert found[0]["source_tenant"] in ("alpha", attacker_tenant)
