@@ -684,3 +684,41 @@ def test_progress_line_on_a_terminal(tmp_path, captured):
     assert proc.wait(10) == 0
     assert b"\r\x1b[K[" in out and b"200 records" in out and b"100.0%" in out
     assert orjson.loads((tmp_path / "p.log").read_bytes().splitlines()[-1])["records"] == 200
+
+
+def test_a_capture_without_bodies_is_never_called_clean(tmp_path, capsys):
+    """``mitmdump -w`` with ``stream_large_bodies`` set keeps no body of a streamed
+    exchange: replay counts those exchanges as not scannable, names them in the summary
+    and the report, and exits 3 (not 0) although it found nothing."""
+    config = tmp_path / "crosstalk.toml"
+    config.write_text(f'[detection]\nkey = "{TEST_KEY}"\n')
+    flows = tmp_path / "bodiless.flows"
+    with (
+        run_sim(tmp_path, "--leak-rate", "0") as sim,
+        run_mitmdump(
+            tmp_path, sim.url, f"crosstalk_config={config}", f"save_stream_file={flows}",
+            "stream_large_bodies=1",
+        ) as proxy,
+    ):  # fmt: skip
+        results = run_workload(proxy.url, tenants=4, requests=40, seed=5, concurrency=4)
+        ids = {r.request.request_id for r in results}
+        wait_for_events(
+            proxy.log,
+            lambda ev: ids <= {e.get("request_id") for e in ev if e["event"] == "exchange"},
+            timeout=30,
+        )
+    report = tmp_path / "report.json"
+    log = tmp_path / "replay.jsonl"
+    capsys.readouterr()
+    status = cli_main(["replay", str(flows), "--config", str(config), "--log-file", str(log),
+                       "--report", str(report)])  # fmt: skip
+    err = capsys.readouterr().err
+    events = read_events(log)
+    not_scannable = [e for e in events if e["event"] == "replay.not_scannable"]
+    assert status == 3, err
+    assert (
+        not_scannable
+        and len(not_scannable) == json.loads(report.read_text())["summary"]["unrecorded"]
+    )
+    assert f"({len(not_scannable)} without bodies in the capture)" in err and "not clean" in err
+    assert all("body not in the capture" in e["reason"] for e in not_scannable)

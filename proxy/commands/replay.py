@@ -1,6 +1,7 @@
 """``crosstalk replay FILE...``: find leaks after the fact in captured traffic.
 
-Exit status: 0 no leak found, 1 leaks found, 2 unusable arguments or unreadable input.
+Exit status: 0 no leak found and every exchange scanned, 1 leaks found, 2 unusable
+arguments or unreadable input, 3 no leak found but some exchanges were not scannable.
 The work is in ``proxy.forensics.job`` (job), ``proxy.forensics.replayer`` (driver), ``proxy.forensics.readers``
 (formats) and ``proxy.forensics.report``.
 """
@@ -91,8 +92,19 @@ def main(args: argparse.Namespace) -> int:
         f"crosstalk replay: {s.records} records ({s.exchanges} LLM exchanges) in "
         f"{outcome.seconds:.1f} s ({rate:,.0f} records/s): {s.findings} findings in "
         f"{outcome.incidents} incidents; {outcome.skipped} records skipped, "
-        f"{s.detector_errors} not scannable, {s.late} out of order"
+        f"{s.detector_errors + s.unrecorded} not scannable"
+        + (f" ({s.unrecorded} without bodies in the capture)" if s.unrecorded else "")
+        + f", {s.late} out of order"
         + (f"; report: {', '.join(args.report)}" if args.report else ""),
         file=sys.stderr,
     )
-    return 1 if s.findings else 0
+    if s.findings:
+        return 1
+    if s.unrecorded or s.detector_errors:
+        print(
+            "crosstalk replay: not clean: part of the traffic could not be scanned "
+            "(a capture made with stream_large_bodies keeps no bodies)",
+            file=sys.stderr,
+        )
+        return 3
+    return 0

@@ -161,6 +161,16 @@ class EventSink:
             capture=record.position,
         )
 
+    def unrecorded(self, monitor: ExchangeMonitor, record: ExchangeRecord, what: str) -> None:
+        self._quiet()
+        self.log.warning(
+            "replay.not_scannable",
+            request_id=monitor.request_id,
+            tenant=monitor.tenant,
+            reason=what,
+            capture=record.position,
+        )
+
     def failure(self, position: str, reason: str) -> None:
         self._quiet()
         self.log.error("replay.failed", capture=position, reason=reason)

@@ -191,6 +191,7 @@ def flow_record(flow: http.HTTPFlow, position: str) -> ExchangeRecord:
             end=end,
             complete=flow.error is None and resp.raw_content is not None,
             chunks=chunks,
+            recorded=resp.raw_content is not None,
         )
     return ExchangeRecord(
         time=when,
@@ -202,6 +203,7 @@ def flow_record(flow: http.HTTPFlow, position: str) -> ExchangeRecord:
         response=response,
         fallback_id=f"flow-{flow.id}",
         end=failed_at,
+        body_recorded=req.raw_content is not None,
     )
 
 

@@ -70,6 +70,7 @@ class RecordedResponse:
     end: float  # last byte, or when the exchange broke off
     complete: bool = True  # False: the exchange ended in an error before the end
     chunks: list[tuple[int, float]] | None = None  # streamed: (size, arrival) as received
+    recorded: bool = True  # False: the capture kept no body (mitmproxy stream_large_bodies)
 
 
 @dataclass(slots=True)
@@ -86,6 +87,20 @@ class ExchangeRecord:
     fallback_id: str  # request id when the headers carry none (stable across runs)
     tenant: str | None = None  # given by the record itself; else the tenant rules decide
     end: float | None = None  # when an exchange without response failed
+    body_recorded: bool = True  # False: the capture kept no request body
+
+    def unrecorded(self) -> str | None:
+        """What of this exchange the capture did not keep, or None: a replay must not
+        call text it never saw clean."""
+        missing = [
+            part
+            for part, kept in (
+                ("request", self.body_recorded),
+                ("response", self.response is None or self.response.recorded),
+            )
+            if not kept
+        ]
+        return " and ".join(missing) + " body not in the capture" if missing else None
 
     def steps(self, replayer: Replayer) -> Iterator[float]:
         return replayer.exchange_steps(self)
@@ -104,6 +119,7 @@ class ReplayStats:
     rejected: int = 0  # no tenant and ``tenants.unknown = "reject"``
     unparsed: int = 0  # request body not a valid API request (response still scanned)
     detector_errors: int = 0  # exchanges the detector could not scan (fail open live)
+    unrecorded: int = 0  # exchanges whose capture holds no body (not scannable either)
     findings: int = 0
     late: int = 0  # records older than one already replayed (beyond the sort buffer)
     failures: int = 0  # unexpected errors while replaying a record (reported, skipped)
@@ -119,6 +135,8 @@ class ReplaySink(Protocol):
     ) -> None: ...
 
     def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None: ...
+
+    def unrecorded(self, monitor: ExchangeMonitor, record: ExchangeRecord, what: str) -> None: ...
 
     def failure(self, position: str, reason: str) -> None: ...
 
@@ -264,6 +282,10 @@ class Replayer:
         monitor = self._begin(record)
         if monitor is None:
             return
+        missing = record.unrecorded()
+        if missing is not None:
+            self.stats.unrecorded += 1
+            self.sink.unrecorded(monitor, record, missing)
         response = record.response
         if response is None:
             yield record.end if record.end is not None else record.time
@@ -282,7 +304,7 @@ class Replayer:
         else:
             yield response.end
             body: bytes | None = None
-            if response.complete:
+            if response.complete and response.recorded:
                 try:
                     body = decoded_body(response)
                 except ValueError as e:
