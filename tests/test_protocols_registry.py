@@ -205,6 +205,12 @@ def test_forensic_replay_scans_every_format():
         def failure(self, position, reason):
             raise AssertionError(reason)
 
+        def unrecorded(self, monitor, record, what):
+            raise AssertionError(what)
+
+        def degenerate(self, monitor, record, reason, choice):
+            raise AssertionError(reason)
+
     def record(t: float, rid: str, tenant: str, path: str, body: dict, response: bytes, sse: bool):
         kind = "text/event-stream" if sse else "application/json"
         return ExchangeRecord(

@@ -5,7 +5,7 @@ simulator with fault injection, driven by the real ``openai`` SDK as 12 tenants.
 live ``leak.detected`` events and the simulator's truth file are what every replay of
 that capture (flow file, mitmproxy's own HAR export of it, the JSON-lines form of it,
 split over two files) must reproduce. Corrupt and truncated inputs are skipped with
-their position; exit status 0/1/2.
+their position; exit status 0/1/2/3.
 """
 
 from __future__ import annotations
@@ -179,6 +179,21 @@ def test_replay_of_capture_finds_what_live_shadow_mode_found(captured, replayed_
     )
     finished = next(e for e in events if e["event"] == "replay.finished")
     assert finished["records"] == REQUESTS and finished["skipped"] == 0
+
+
+def test_replay_flags_the_degenerate_outputs_live_mode_flagged(captured, replayed_flows):
+    """Garbled answers (the simulator's degenerate faults) are reported by replay as the
+    live proxy reported them: the same exchanges, the same reasons."""
+
+    def degenerate(events):
+        return {(e["request_id"], e["reason"]) for e in events if e["event"] == "output.degenerate"}
+
+    live = degenerate(read_events(captured.live_log))
+    injected = {t["request_id"] for t in captured.truth if t["kind"] == "degenerate"}
+    assert len(live) >= 3 and {rid for rid, _ in live} <= injected
+    assert degenerate(replayed_flows.events) == live
+    finished = next(e for e in replayed_flows.events if e["event"] == "replay.finished")
+    assert finished["degenerate"] == len(live)
 
 
 def test_replay_of_the_journal_finds_what_live_shadow_mode_found(captured, tmp_path):

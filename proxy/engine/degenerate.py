@@ -40,7 +40,7 @@ import unicodedata
 from collections import deque
 from dataclasses import dataclass
 
-__all__ = ["REASONS", "DegenerateConfig", "DegenerateDetector", "RateWindow"]
+__all__ = ["REASONS", "DegenerateConfig", "DegenerateDetector", "ExchangeWatch", "RateWindow"]
 
 REASONS = ("repetition", "mixed_scripts", "token_artifacts", "replacement_chars")
 
@@ -302,3 +302,38 @@ class RateWindow:
     def _expire(self, slots: deque[list[int]], bucket: int) -> None:
         while slots and slots[0][0] <= bucket - self.buckets:
             slots.popleft()
+
+
+class ExchangeWatch:
+    """The degenerate tests of one exchange, one detector per choice: ``on_trip(reason,
+    choice)`` is called once, for the first choice that trips (live proxy and replay)."""
+
+    __slots__ = ("detectors", "reason", "on_trip")
+
+    def __init__(self, on_trip) -> None:
+        self.detectors: dict[int, DegenerateDetector] = {}
+        self.reason: str | None = None
+        self.on_trip = on_trip
+
+    def feed(self, choice: int, text: str) -> None:
+        if self.reason is not None:
+            return
+        detector = self.detectors.get(choice)
+        if detector is None:
+            detector = self.detectors[choice] = DegenerateDetector()
+        reason = detector.feed(text)
+        if reason is not None:
+            self._trip(reason, choice)
+
+    def finish(self) -> None:
+        if self.reason is not None:
+            return
+        for choice, detector in self.detectors.items():
+            reason = detector.finish()
+            if reason is not None:
+                self._trip(reason, choice)
+                return
+
+    def _trip(self, reason: str, choice: int) -> None:
+        self.reason = reason
+        self.on_trip(reason, choice)

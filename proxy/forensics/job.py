@@ -171,6 +171,20 @@ class EventSink:
             capture=record.position,
         )
 
+    def degenerate(
+        self, monitor: ExchangeMonitor, record: ExchangeRecord, reason: str, choice: int
+    ) -> None:
+        self._quiet()
+        self.log.warning(
+            "output.degenerate",
+            request_id=monitor.request_id,
+            tenant=monitor.tenant,
+            reason=reason,
+            choice=choice,
+            output_chars=monitor.output_chars,
+            capture=record.position,
+        )
+
     def failure(self, position: str, reason: str) -> None:
         self._quiet()
         self.log.error("replay.failed", capture=position, reason=reason)

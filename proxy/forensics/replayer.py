@@ -36,6 +36,7 @@ from mitmproxy.net import encoding as http_encoding
 
 from proxy.config import Config
 from proxy.engine import Engine, Finding
+from proxy.engine.degenerate import ExchangeWatch
 from proxy.pipeline.exchange import ExchangeMonitor
 from proxy.protocols import ProtocolError, route_for
 from proxy.protocols.sse import SSEFramer
@@ -120,6 +121,7 @@ class ReplayStats:
     unparsed: int = 0  # request body not a valid API request (response still scanned)
     detector_errors: int = 0  # exchanges the detector could not scan (fail open live)
     unrecorded: int = 0  # exchanges whose capture holds no body (not scannable either)
+    degenerate: int = 0  # exchanges whose output turned to garbage (output.degenerate live)
     findings: int = 0
     late: int = 0  # records older than one already replayed (beyond the sort buffer)
     failures: int = 0  # unexpected errors while replaying a record (reported, skipped)
@@ -137,6 +139,10 @@ class ReplaySink(Protocol):
     def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None: ...
 
     def unrecorded(self, monitor: ExchangeMonitor, record: ExchangeRecord, what: str) -> None: ...
+
+    def degenerate(
+        self, monitor: ExchangeMonitor, record: ExchangeRecord, reason: str, choice: int
+    ) -> None: ...
 
     def failure(self, position: str, reason: str) -> None: ...
 
@@ -286,6 +292,7 @@ class Replayer:
         if missing is not None:
             self.stats.unrecorded += 1
             self.sink.unrecorded(monitor, record, missing)
+        watch = self._watch_degenerate(monitor, record)
         response = record.response
         if response is None:
             yield record.end if record.end is not None else record.time
@@ -316,6 +323,23 @@ class Replayer:
         if monitor.detector_error is not None:
             self.stats.detector_errors += 1
             self.sink.detector_error(monitor, record)
+        if watch is not None:
+            watch.finish()
+
+    def _watch_degenerate(
+        self, monitor: ExchangeMonitor, record: ExchangeRecord
+    ) -> ExchangeWatch | None:
+        """The live proxy's degenerate-output signal, on the replayed output."""
+        if not self.config.degenerate.enabled:
+            return None
+
+        def on_trip(reason: str, choice: int) -> None:
+            self.stats.degenerate += 1
+            self.sink.degenerate(monitor, record, reason, choice)
+
+        watch = ExchangeWatch(on_trip)
+        monitor.on_delta = watch.feed
+        return watch
 
     def _begin(self, record: ExchangeRecord) -> ExchangeMonitor | None:
         """The addon's ``request`` hook, in shadow mode: None when the exchange is not

@@ -243,6 +243,7 @@ def _summary_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("Records skipped (unreadable)", str(s.get("skipped", 0))),
         ("Exchanges not scannable (detector errors)", str(s.get("detector_errors", 0))),
         ("Exchanges not scannable (no body in the capture)", str(s.get("unrecorded", 0))),
+        ("Degenerate outputs (garbage, not a leak)", str(s.get("degenerate", 0))),
         ("Detection window", f"{s.get('window_seconds', 0):g} s"),
         ("Key id", str(s.get("key_id", ""))),
     ]

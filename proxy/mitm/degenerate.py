@@ -8,45 +8,11 @@ from __future__ import annotations
 
 from mitmproxy import http
 
-from proxy.engine.degenerate import DegenerateDetector, RateWindow
+from proxy.engine.degenerate import ExchangeWatch, RateWindow
 from proxy.mitm.flowstate import METADATA_KEY, crosstalk_addon, detector_elsewhere, upstream_of
 
 DEGENERATE_KEY = "crosstalk.degenerate"
 MAX_UPSTREAM_LABELS = 64
-
-
-class _Watch:
-    """The degenerate tests of one exchange, one per choice."""
-
-    __slots__ = ("detectors", "reason", "on_trip")
-
-    def __init__(self, on_trip) -> None:
-        self.detectors: dict[int, DegenerateDetector] = {}
-        self.reason: str | None = None
-        self.on_trip = on_trip
-
-    def feed(self, choice: int, text: str) -> None:
-        if self.reason is not None:
-            return
-        detector = self.detectors.get(choice)
-        if detector is None:
-            detector = self.detectors[choice] = DegenerateDetector()
-        reason = detector.feed(text)
-        if reason is not None:
-            self._trip(reason, choice)
-
-    def finish(self) -> None:
-        if self.reason is not None:
-            return
-        for choice, detector in self.detectors.items():
-            reason = detector.finish()
-            if reason is not None:
-                self._trip(reason, choice)
-                return
-
-    def _trip(self, reason: str, choice: int) -> None:
-        self.reason = reason
-        self.on_trip(reason, choice)
 
 
 class CrossTalkDegenerate:
@@ -84,7 +50,7 @@ class CrossTalkDegenerate:
                 output_chars=monitor.output_chars,
             )
 
-        watch = flow.metadata[DEGENERATE_KEY] = _Watch(on_trip)
+        watch = flow.metadata[DEGENERATE_KEY] = ExchangeWatch(on_trip)
         monitor.on_delta = _guarded(watch.feed, monitor)
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -99,7 +65,7 @@ class CrossTalkDegenerate:
         if watch is not None and monitor is not None:
             monitor.when_settled(lambda: self._finish(flow, watch))
 
-    def _finish(self, flow: http.HTTPFlow, watch: _Watch) -> None:
+    def _finish(self, flow: http.HTTPFlow, watch: ExchangeWatch) -> None:
         try:
             watch.finish()
         except Exception:  # noqa: BLE001 -- a signal, never a reason to break an exchange
