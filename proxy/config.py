@@ -184,6 +184,20 @@ class DegenerateSection:
 
 
 @dataclass(frozen=True, slots=True)
+class TLSSection:
+    # Clients -> crosstalk over HTTPS with the operator's certificate: a PEM file holding
+    # the private key and the certificate chain (mitmproxy's --certs format). Empty:
+    # mitmproxy answers TLS with a certificate of its own CA. HTTP/2 where offered.
+    certificate: str = ""
+    # crosstalk -> an https:// upstream: verified against the system's CAs, or this
+    # bundle; upstream_insecure = true turns verification off (never in production).
+    upstream_ca: str = ""
+    upstream_insecure: bool = False
+    # A client certificate for an upstream that asks for one (mutual TLS): PEM with key.
+    client_certificate: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """What applies to one exchange."""
 
@@ -208,6 +222,7 @@ class Config:
     prevention: PreventionSection = field(default_factory=PreventionSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     degenerate: DegenerateSection = field(default_factory=DegenerateSection)
+    tls: TLSSection = field(default_factory=TLSSection)
 
     def policy_for(self, tenant: str, path: str) -> Policy:
         """The tenant's overrides win over the route's (longest matching prefix), which
@@ -306,6 +321,11 @@ def validate(config: Config) -> Config:
             "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"
         )
     _validate_policy(config.policy)
+    tls = config.tls
+    for name in ("certificate", "upstream_ca", "client_certificate"):
+        path = getattr(tls, name)
+        if path and not Path(path).is_file():
+            raise ConfigError(f"tls.{name}: no such file: {path}")
     config.engine_config()
     for name, value in (("detection.state_file", d.state_file), ("journal", j.directory)):
         if value and not d.key:
@@ -442,6 +462,7 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
         "prevention": PreventionSection,
         "metrics": MetricsSection,
         "degenerate": DegenerateSection,
+        "tls": TLSSection,
     }
     if unknown := set(data) - set(sections):
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
 
-from proxy.config import Config, ProxySection
+from proxy.config import Config, ProxySection, TLSSection
 from proxy.mitm.addon import CrossTalk
 from proxy.mitm.capture import capture_addons
 from proxy.mitm.wiring import default_addons
@@ -68,6 +68,20 @@ Events (JSON lines) go to {events}. Ctrl-C stops.{hint}
 """
 
 
+def tls_options(tls: TLSSection) -> dict[str, object]:
+    """mitmproxy's options for ``[tls]``: the certificate clients see (mitmproxy detects
+    TLS on the listening port and negotiates HTTP/2 where the client offers it), upstream
+    verification (on unless ``upstream_insecure``), and a client certificate upstream."""
+    out: dict[str, object] = {"ssl_insecure": tls.upstream_insecure}
+    if tls.certificate:
+        out["certs"] = [f"*={tls.certificate}"]
+    if tls.upstream_ca:
+        out["ssl_verify_upstream_trusted_ca"] = tls.upstream_ca
+    if tls.client_certificate:
+        out["client_certs"] = tls.client_certificate
+    return out
+
+
 async def serve(request: RunRequest) -> int:
     cfg = request.config
     capture = None
@@ -88,6 +102,11 @@ async def serve(request: RunRequest) -> int:
         listen_port=cfg.proxy.listen_port,
     )
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    try:
+        master.options.update(**tls_options(cfg.tls))
+    except Exception as e:  # OptionsError: a readable message, no traceback
+        print(f"crosstalk: tls: {e}", file=sys.stderr)
+        return 2
     crosstalk = CrossTalk()
     master.addons.add(
         *default_addons(
@@ -111,7 +130,8 @@ async def serve(request: RunRequest) -> int:
     except Exception as e:  # OptionsError: a readable message, no traceback
         print(f"crosstalk: {e}", file=sys.stderr)
         return 2
-    proxy_url = f"http://{cfg.proxy.listen_host}:{cfg.proxy.listen_port}"
+    scheme = "https" if cfg.tls.certificate else "http"
+    proxy_url = f"{scheme}://{cfg.proxy.listen_host}:{cfg.proxy.listen_port}"
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, master.shutdown)

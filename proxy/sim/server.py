@@ -22,6 +22,7 @@ import itertools
 import json
 import random
 import signal
+import ssl
 import sys
 import time
 import zlib
@@ -753,12 +754,16 @@ def make_app(cfg: SimConfig) -> web.Application:
 
 
 async def start_sim(
-    cfg: SimConfig, host: str = "127.0.0.1", port: int = 0
+    cfg: SimConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> tuple[web.AppRunner, int]:
-    """Start the engine; returns the runner (call `await runner.cleanup()`) and bound port."""
+    """Start the engine (HTTPS with ``ssl_context``); returns the runner (call
+    `await runner.cleanup()`) and bound port."""
     runner = web.AppRunner(make_app(cfg), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
     await site.start()
     bound = runner.addresses[0][1]
     return runner, int(bound)
@@ -778,6 +783,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", default="sim-llm-1")
     p.add_argument("--engine", default="vllm")
     p.add_argument("--engine-version", default="0.10.2")
+    p.add_argument("--tls-cert", help="serve HTTPS: PEM certificate chain")
+    p.add_argument("--tls-key", help="the certificate's PEM private key")
+    p.add_argument("--tls-client-ca", help="require client certificates signed by this CA")
     p.add_argument(
         "--incremental-output",
         action="store_true",
@@ -811,9 +819,20 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
     )
 
 
-async def _serve(cfg: SimConfig, host: str, port: int) -> None:
-    runner, bound = await start_sim(cfg, host, port)
-    print(f"sim listening on http://{host}:{bound}", flush=True)
+def tls_context(cert: str, key: str | None, client_ca: str | None) -> ssl.SSLContext:
+    """A server context for ``--tls-cert``; with ``client_ca`` a client certificate
+    signed by it is required (mutual TLS)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if client_ca:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+async def _serve(cfg: SimConfig, host: str, port: int, context: ssl.SSLContext | None) -> None:
+    runner, bound = await start_sim(cfg, host, port, context)
+    print(f"sim listening on {'https' if context else 'http'}://{host}:{bound}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -833,7 +852,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"crosstalk sim: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(_serve(cfg, args.host, args.port))
+        context = (
+            tls_context(args.tls_cert, args.tls_key, args.tls_client_ca) if args.tls_cert else None
+        )
+    except (OSError, ssl.SSLError) as exc:
+        print(f"crosstalk sim: --tls-cert: {exc}", file=sys.stderr)
+        return 2
+    try:
+        asyncio.run(_serve(cfg, args.host, args.port, context))
     except OSError as exc:
         print(f"crosstalk sim: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1
