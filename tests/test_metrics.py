@@ -8,10 +8,12 @@ numbers must match the traffic sent and the proxy's event log.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from pathlib import Path
@@ -212,3 +214,42 @@ def test_mitmdump_script_option(tmp_path, sim):
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert value(scrape(metrics_port), "crosstalk_requests_total", tenant="acme") == 1
+
+
+def test_health_and_readiness_on_the_admin_port(tmp_path: Path, sim):
+    """/healthz and /readyz answer on the metrics port (JSON), never on the proxy port:
+    there the same paths go upstream like any other, untouched."""
+    port, admin = free_port(), free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "run", "--upstream", sim.url, "--listen-port", str(port),
+         "--metrics-port", str(admin), "--log-file", str(tmp_path / "events.jsonl")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for_port(port, proxy)
+        wait_for_port(admin, proxy)
+
+        def get(p: int, path: str) -> tuple[int, dict]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{p}{path}", timeout=10) as r:
+                    return r.status, json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                body = e.read()
+                return e.code, json.loads(body) if body.startswith(b"{") else {"text": body}
+
+        assert get(admin, "/healthz") == (200, {"status": "alive"})
+        deadline = time.monotonic() + 30
+        while (ready := get(admin, "/readyz"))[0] != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert ready == (200, {"ready": True, "detector": "ready", "index": "off"})
+        assert get(admin, "/nowhere")[0] == 404
+        assert (
+            "crosstalk_requests_total"
+            in urllib.request.urlopen(f"http://127.0.0.1:{admin}/metrics", timeout=10)
+            .read()
+            .decode()
+        )
+        # On the proxy port the same path is the upstream's (the simulator: 404).
+        assert get(port, "/healthz")[0] == 404
+    finally:
+        stop(proxy)

@@ -19,9 +19,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from proxy.mitm.admin import start_admin_server
 from proxy.mitm.flowstate import METADATA_KEY, addon_named, crosstalk_addon, detector_elsewhere
 
 if TYPE_CHECKING:
@@ -209,12 +210,30 @@ class CrossTalkMetrics:
             return
         self._stop()
         try:
-            self._server, self._thread = start_http_server(port, host, registry=self.registry)
+            self._server, self._thread = start_admin_server(
+                host, port, self.registry, self.readiness
+            )
         except OSError as e:
             raise exceptions.OptionsError(f"crosstalk: metrics on {host}:{port}: {e}") from e
         self.bound = (host, port)
         if crosstalk is not None and crosstalk.log is not None:
             crosstalk.log.info("metrics.listening", host=host, port=port)
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """``/readyz``: this process's engine is up; the shared index connected or
+        degraded (still detecting locally), or not configured."""
+        crosstalk = crosstalk_addon()
+        engine = getattr(crosstalk, "engine", None)
+        index = getattr(crosstalk, "index", None)
+        if index is None:
+            index_state = "off"
+        else:
+            index_state = "degraded" if index.health.degraded else "connected"
+        details = {
+            "detector": "ready" if engine is not None else "not started",
+            "index": index_state,
+        }
+        return engine is not None, details
 
     def request(self, flow: http.HTTPFlow) -> None:
         monitor = flow.metadata.get(METADATA_KEY)
