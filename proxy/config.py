@@ -184,6 +184,16 @@ class DegenerateSection:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsSection:
+    # A request body over this many bytes is refused with 413 (0: no limit). 16 MiB holds
+    # a full 128k-token context many times over.
+    max_request_bytes: int = 16 * 1024 * 1024
+    # LLM exchanges in flight at once; beyond, 429 with Retry-After (0: no limit).
+    max_concurrent_exchanges: int = 0
+    retry_after_seconds: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class TLSSection:
     # Clients -> crosstalk over HTTPS with the operator's certificate: a PEM file holding
     # the private key and the certificate chain (mitmproxy's --certs format). Empty:
@@ -223,6 +233,7 @@ class Config:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     degenerate: DegenerateSection = field(default_factory=DegenerateSection)
     tls: TLSSection = field(default_factory=TLSSection)
+    limits: LimitsSection = field(default_factory=LimitsSection)
 
     def policy_for(self, tenant: str, path: str) -> Policy:
         """The tenant's overrides win over the route's (longest matching prefix), which
@@ -321,6 +332,9 @@ def validate(config: Config) -> Config:
             "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"
         )
     _validate_policy(config.policy)
+    lim = config.limits
+    if lim.max_request_bytes < 0 or lim.max_concurrent_exchanges < 0 or lim.retry_after_seconds < 1:
+        raise ConfigError("limits: sizes and counts must be >= 0, retry_after_seconds >= 1")
     tls = config.tls
     for name in ("certificate", "upstream_ca", "client_certificate"):
         path = getattr(tls, name)
@@ -463,6 +477,7 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
         "metrics": MetricsSection,
         "degenerate": DegenerateSection,
         "tls": TLSSection,
+        "limits": LimitsSection,
     }
     if unknown := set(data) - set(sections):
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")

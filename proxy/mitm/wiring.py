@@ -1,8 +1,9 @@
 """The one ordered list of crosstalk's mitmproxy addons.
 
 ``addons/crosstalk.py`` (``mitmdump -s``), ``crosstalk run`` and the detector process all
-load :func:`default_addons`, so the three cannot drift apart. The order matters:
-``CrossTalk`` first (it creates each flow's monitor, which the others read), then
+load :func:`default_addons`, so the three cannot drift apart. The order matters: the
+limits first (a refused request never gets a monitor), ``CrossTalk`` (it creates each
+flow's monitor, which the others read), then
 prevention (its stream transform runs after the scan and enforce mode's gate), the
 degenerate signal and metrics.
 """
@@ -14,6 +15,7 @@ from typing import Any
 
 from proxy.mitm.addon import CrossTalk
 from proxy.mitm.degenerate import CrossTalkDegenerate
+from proxy.mitm.limits import CrossTalkLimits
 from proxy.mitm.metrics import CrossTalkMetrics
 from proxy.mitm.prevention import CrossTalkPrevention
 
@@ -30,6 +32,7 @@ def default_addons(
     sees the upstream response first; its tee keeps the bodies as the engine saw them)."""
     return [
         *before,
+        CrossTalkLimits(),
         crosstalk or CrossTalk(),
         *after_crosstalk,
         CrossTalkPrevention(),

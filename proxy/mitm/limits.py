@@ -1,0 +1,83 @@
+"""Limits at the door, answered in the API's own error format (``[limits]``):
+
+* a request body larger than ``max_request_bytes``: 413, nothing goes upstream;
+* more than ``max_concurrent_exchanges`` LLM exchanges in flight: 429 with
+  ``Retry-After``, so a client backs off instead of a proxy that queues without bound.
+
+Only LLM calls are limited (other paths pass untouched, as always), and only where
+clients connect: the detector process's copies are never refused.
+"""
+
+from __future__ import annotations
+
+from mitmproxy import http
+
+from proxy.mitm.flowstate import crosstalk_addon
+from proxy.protocols import route_for
+
+COUNTED_KEY = "crosstalk.limits.in_flight"
+
+
+class CrossTalkLimits:
+    """Request size and concurrency limits; ``limit.exceeded`` in the event log."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        crosstalk = crosstalk_addon()
+        if flow.response or crosstalk is None or crosstalk.inline or not flow.live:
+            return
+        route = route_for(flow.request.method, flow.request.path)
+        if route is None:
+            return
+        limits = crosstalk.config.limits
+        size = len(flow.request.raw_content or b"")
+        if limits.max_request_bytes and size > limits.max_request_bytes:
+            self._refuse(flow, route, 413, "request_too_large",
+                         f"request body of {size} bytes is over the limit of "
+                         f"{limits.max_request_bytes}")  # fmt: skip
+            return
+        if limits.max_concurrent_exchanges and self.in_flight >= limits.max_concurrent_exchanges:
+            self._refuse(flow, route, 429, "too_many_requests",
+                         f"{self.in_flight} requests in flight, the limit is "
+                         f"{limits.max_concurrent_exchanges}: retry later",
+                         retry_after=limits.retry_after_seconds)  # fmt: skip
+            return
+        self.in_flight += 1
+        flow.metadata[COUNTED_KEY] = True
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._done(flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._done(flow)
+
+    def _done(self, flow: http.HTTPFlow) -> None:
+        if flow.metadata.pop(COUNTED_KEY, False):
+            self.in_flight -= 1
+
+    def _refuse(
+        self,
+        flow: http.HTTPFlow,
+        route,
+        status: int,
+        code: str,
+        message: str,
+        retry_after: int | None = None,
+    ) -> None:
+        headers = {"content-type": "application/json"}
+        if retry_after is not None:
+            headers["retry-after"] = str(retry_after)
+        kind = "rate_limit_error" if status == 429 else "invalid_request_error"
+        flow.response = http.Response.make(
+            status, route.error_body(f"crosstalk: {message}", type=kind, code=code), headers
+        )
+        crosstalk = crosstalk_addon()
+        crosstalk.log.warning(
+            "limit.exceeded",
+            status=status,
+            code=code,
+            path=flow.request.path.split("?", 1)[0],
+            in_flight=self.in_flight,
+        )
