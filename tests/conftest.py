@@ -77,7 +77,9 @@ def free_port() -> int:
     raise RuntimeError("no free loopback port found")
 
 
-def start_server(command_for, timeout: float = 30.0, attempts: int = 3, stderr=subprocess.PIPE):
+def start_server(
+    command_for, timeout: float = 30.0, attempts: int = 3, stderr=subprocess.PIPE, cwd=ROOT
+):
     """Start ``command_for(port)`` on a free port; ``(proc, port)`` once it listens. A
     server that exits before listening (its port was taken after all) is started again
     on another port. A server that logs a lot needs ``stderr`` to be a file: nobody reads
@@ -85,7 +87,7 @@ def start_server(command_for, timeout: float = 30.0, attempts: int = 3, stderr=s
     for attempt in range(attempts):
         port = free_port()
         proc = subprocess.Popen(
-            command_for(port), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
+            command_for(port), cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr
         )
         try:
             wait_for_port(port, proc, timeout)
