@@ -461,6 +461,19 @@ def load(path: str | Path | None = None, **overrides: Any) -> Config:
             data = tomllib.loads(Path(path).read_text())
         except (OSError, tomllib.TOMLDecodeError) as e:
             raise ConfigError(f"cannot read config {path}: {e}") from e
+    return _from_data(data, overrides)
+
+
+def load_text(text: str) -> Config:
+    """``load`` of a configuration given as TOML text. Raises ConfigError."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"cannot read config: {e}") from e
+    return _from_data(data, {})
+
+
+def _from_data(data: dict[str, Any], overrides: dict[str, Any]) -> Config:
     for name, value in overrides.items():
         if value is None:
             continue

@@ -1,0 +1,126 @@
+"""Every parser that reads outside input, as a fuzz target: a hypothesis strategy of
+inputs and a call that may fail only in the documented way (each target's ``allowed``
+exceptions). Run briefly by tests/test_fuzz.py in every test run and at length by
+bench/fuzz.py. A crash found becomes a regression example in tests/test_fuzz.py."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import brotli
+from hypothesis import strategies as st
+
+from proxy.config import ConfigError, load_text
+from proxy.forensics.readers import jsonl_record
+from proxy.protocols import ProtocolError, Route
+from proxy.protocols.chat_templates import split_turns
+from proxy.protocols.decoding import UnsupportedEncoding, stream_decoder, zstd
+from proxy.protocols.sse import SSEDecoder
+from proxy.store import journal
+
+ROUTES = (
+    Route("openai", "chat"),
+    Route("openai", "completions"),
+    Route("anthropic", "messages"),
+    Route("responses", "responses"),
+    Route("textgen", "generate"),
+    Route("textgen", "generate_stream"),
+)
+
+# JSON values shaped like API bodies: the keys the parsers read, and any others.
+KEYS = st.sampled_from(
+    ["messages", "role", "content", "prompt", "text", "inputs", "choices", "delta", "index",
+     "type", "stream", "n", "user", "model", "tool_calls", "function", "arguments",
+     "output", "input", "system", "parts", "token", "generated_text", "error", "usage",
+     "reasoning_content", "message", "content_block", "sampling_params", "metadata", "x"]
+)  # fmt: skip
+SCALARS = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text()
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(KEYS | st.text(), inner, max_size=6)
+    ),
+    max_leaves=30,
+)
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value, allow_nan=True).encode()
+
+
+BODIES = st.one_of(JSON.map(_dump), st.binary(max_size=300), JSON.map(_dump).map(lambda b: b[:-3]))
+SSE_BYTES = st.lists(
+    st.one_of(
+        BODIES.map(lambda b: b"data: " + b + b"\n\n"),
+        st.sampled_from([b"data: [DONE]\n\n", b"event: x\n", b": ping\n\n", b"\r\n", b"data:"]),
+        st.binary(max_size=40),
+    ),
+    max_size=8,
+).map(b"".join)
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    inputs: st.SearchStrategy
+    call: Callable[[Any], object]
+    allowed: tuple[type[BaseException], ...] = ()
+
+
+def _stream(route: Route) -> Callable[[tuple[bytes, int]], object]:
+    def run(data: tuple[bytes, int]) -> None:
+        raw, cut = data
+        decoder, parser = SSEDecoder(), route.stream_parser()
+        for piece in (raw[:cut], raw[cut:]):
+            for event in decoder.feed(piece):
+                parser.feed(event)
+
+    return run
+
+
+def _decode(data: tuple[str, bytes]) -> None:
+    encoding, raw = data
+    decode = stream_decoder(encoding)
+    decode(raw)
+    decode(b"")
+
+
+_COMPRESSED = st.tuples(st.sampled_from(["gzip", "deflate", "br", "zstd", "identity", "x"]),
+                        st.binary(max_size=200)) | st.tuples(
+    st.just("gzip"), st.binary(max_size=200).map(lambda b: zlib.compress(b)[: len(b) // 2 + 2])
+)  # fmt: skip
+
+TARGETS: tuple[Target, ...] = (
+    *(
+        Target(f"{r.api}.{r.kind}.request", BODIES, r.parse_request, (ProtocolError,))
+        for r in ROUTES
+    ),
+    *(
+        Target(f"{r.api}.{r.kind}.response", BODIES, r.parse_response, (ProtocolError,))
+        for r in ROUTES
+    ),
+    *(
+        Target(f"{r.api}.{r.kind}.stream", st.tuples(SSE_BYTES, st.integers(0, 400)), _stream(r))
+        for r in ROUTES
+    ),
+    Target("sse", st.tuples(SSE_BYTES, st.integers(0, 400)), _stream(ROUTES[0])),
+    Target(
+        "decoding",
+        _COMPRESSED,
+        _decode,
+        (UnsupportedEncoding, zlib.error, brotli.error, zstd.ZstdError),
+    ),  # fmt: skip
+    Target("chat_templates", st.text(max_size=300), split_turns),
+    Target("journal", BODIES, journal.decode, (ValueError, KeyError, TypeError)),
+    Target(
+        "jsonl_reader",
+        JSON,
+        lambda obj: jsonl_record(obj, "f:1", "f:1"),
+        (ValueError, KeyError, TypeError),
+    ),  # fmt: skip
+    Target("config", st.text(max_size=300), load_text, (ConfigError,)),
+)
