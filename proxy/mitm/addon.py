@@ -27,6 +27,7 @@ from mitmproxy import ctx, exceptions, http
 from proxy import config as configuration
 from proxy import factory
 from proxy.engine import Engine, Finding
+from proxy.engine.baseline import Baseline, BaselineError
 from proxy.engine.records import Record
 from proxy.eventlog import make_logger
 from proxy.mitm import error_pages as mitm_errors
@@ -165,6 +166,55 @@ class CrossTalk:
             key_id=self.engine.hasher.key_id,
             k=engine_config.k,
             window_seconds=engine_config.window_seconds,
+        )
+
+    def reload(self) -> None:
+        """SIGHUP: read the config file again and apply what can change under load:
+        policy, tenants, limits and new baseline files. Exchanges in flight keep the
+        policy they started with; nothing is dropped. An invalid file changes nothing
+        (``config.reload_failed`` says why); settings that need a restart (listen
+        address, key, detection parameters, journal, index, TLS) are named in
+        ``config.reloaded`` and left as they are."""
+        if self.config is None or self.log is None:
+            return
+        try:
+            fresh = configuration.load(
+                ctx.options.crosstalk_config or None,
+                proxy__mode=ctx.options.crosstalk_mode or None,
+            )
+        except configuration.ConfigError as e:
+            self.log.error("config.reload_failed", reason=str(e), action="kept the old one")
+            return
+        old = self.config
+        detection = dataclasses.replace(old.detection, baselines=fresh.detection.baselines)
+        restart = [
+            name
+            for name in ("detection", "journal", "index", "tls", "metrics")
+            if getattr(fresh, name) != getattr(old, name)
+            and not (name == "detection" and _only_baselines(fresh.detection, old.detection))
+        ]
+        if fresh.proxy.mode != old.proxy.mode:
+            restart.append("proxy.mode")
+        added = [p for p in fresh.detection.baselines if p not in old.detection.baselines]
+        if self.engine is not None:
+            for path in added:
+                try:
+                    self.engine.add_baseline_file(Baseline.load(path))
+                except (BaselineError, OSError) as e:
+                    self.log.error("config.reload_failed", reason=f"{path}: {e}", action="kept")
+                    return
+        self.config = dataclasses.replace(
+            old, policy=fresh.policy, tenants=fresh.tenants, limits=fresh.limits,
+            detection=detection, degenerate=fresh.degenerate, prevention=fresh.prevention,
+        )  # fmt: skip
+        self.rules = factory.tenant_rules(self.config, bytes.fromhex(old.detection.key))
+        if self.detector is not None:
+            self.detector.send("reload", 0, None, time.monotonic())
+        self.log.info(
+            "config.reloaded",
+            baselines_added=len(added),
+            needs_restart=restart,
+            process="detector" if self.inline else "proxy",
         )
 
     async def _start_detector(self, *, restart: bool = False) -> None:
@@ -626,3 +676,10 @@ class CrossTalk:
                 method=flow.request.method,
                 path=flow.request.path.split("?")[0],
             )
+
+
+def _only_baselines(
+    fresh: configuration.DetectionSection, old: configuration.DetectionSection
+) -> bool:
+    """Whether two detection sections differ in their baseline files alone."""
+    return dataclasses.replace(fresh, baselines=old.baselines, key=old.key) == old

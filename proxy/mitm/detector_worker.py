@@ -51,6 +51,11 @@ class ExchangeCopies:
 
     async def handle(self, message: tuple) -> None:
         kind, xid, data, at = message
+        if kind == "reload":  # the proxy got SIGHUP: this process reads the file too
+            crosstalk = self.master.addons.get("crosstalk")
+            if crosstalk is not None:
+                crosstalk.reload()
+            return
         if kind == "request":
             await self._request(xid, data, at)
             return
