@@ -19,3 +19,22 @@ def test_parser_fails_only_the_documented_way(target: Target) -> None:
             target.call(data)
 
     run()
+
+
+# Inputs the fuzzers found that crashed a parser once (bench/fuzz.py, 2026-12-01): a
+# non-string "type" reached a set or dict lookup (TypeError: unhashable type: 'list').
+REGRESSIONS = [
+    ("responses.responses.stream", (b'data: {"type": [null]}\n\n', 0)),
+    ("anthropic.messages.stream", (b'data: {"type": "content_block_delta", "delta": {"type": [1]}}\n\n', 0)),
+    ("anthropic.messages.stream", (b'data: {"type": "content_block_start", "content_block": {"type": {}}}\n\n', 0)),
+    ("openai.chat.request", b'{"messages": [{"role": "user", "content": [{"type": [1]}]}]}'),
+    ("responses.responses.request", b'{"input": [{"type": [1]}, {"type": "message", "content": [{"type": []}]}]}'),
+    ("anthropic.messages.request", b'{"messages": [{"role": "user", "content": [{"type": [2]}]}]}'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "data"), REGRESSIONS)
+def test_crashes_found_by_fuzzing_stay_fixed(name: str, data) -> None:
+    target = next(t for t in TARGETS if t.name == name)
+    with contextlib.suppress(*target.allowed):
+        target.call(data)

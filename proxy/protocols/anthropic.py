@@ -44,6 +44,7 @@ from proxy.protocols.openai import (
     _opt_text,
     _Shape,
     event_object,
+    type_of,
 )
 from proxy.protocols.sse import SSEEvent
 
@@ -177,19 +178,19 @@ class StreamParser:
         if not isinstance(obj, dict):
             self.malformed_events += obj == MALFORMED
             return []
-        kind = obj.get("type") or event.event
+        kind = type_of(obj) or event.event
         try:
             if kind == "content_block_delta":
                 delta = obj.get("delta")
                 if not isinstance(delta, dict):
                     raise _Shape("delta")
-                key = _DELTA_KEYS.get(delta.get("type"))
+                key = _DELTA_KEYS.get(type_of(delta))
                 return self._text(obj.get("index"), delta.get(key) if key else None)
             if kind == "content_block_start":
                 block = obj.get("content_block")
                 if not isinstance(block, dict):
                     raise _Shape("content_block")
-                key = _MODEL_TEXT_KEYS.get(block.get("type"))
+                key = _MODEL_TEXT_KEYS.get(type_of(block))
                 return self._text(obj.get("index"), block.get(key) if key else None)
             if kind == "message_start":
                 message = obj.get("message")
@@ -276,7 +277,7 @@ def _content_texts(content: Any, out: list[str]) -> None:
 
 
 def _block_texts(block: dict[str, Any], out: list[str]) -> None:
-    kind = block.get("type")
+    kind = type_of(block)
     key = _MODEL_TEXT_KEYS.get(kind)
     if key is not None:
         _opt_text(block.get(key), out)

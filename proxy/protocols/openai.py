@@ -59,6 +59,13 @@ class _Shape(Exception):
 NOTHING, DONE_MARKER, MALFORMED = "nothing", "done", "malformed"
 
 
+def type_of(obj: dict[str, Any]) -> str | None:
+    """An object's ``type`` when it is a string: any other value (a list, a number) names
+    no known kind, and must not reach a set or dict lookup (unhashable)."""
+    kind = obj.get("type")
+    return kind if isinstance(kind, str) else None
+
+
 def event_object(event: SSEEvent, *, done_marker: bool = True) -> dict[str, Any] | str:
     """The JSON object an SSE event's data holds; else ``NOTHING`` (no data),
     ``DONE_MARKER`` (``data: [DONE]``, for the APIs that end with it) or ``MALFORMED``.
@@ -376,7 +383,7 @@ def _content_texts(content: Any, out: list[str]) -> None:
                 if part:
                     out.append(part)
             elif isinstance(part, dict):
-                kind = part.get("type")
+                kind = type_of(part)
                 if kind in _TEXT_PART_TYPES:
                     _opt_text(part.get("text"), out)
                 elif kind == "refusal":

@@ -48,6 +48,7 @@ from proxy.protocols.openai import (
     _opt_text,
     _Shape,
     event_object,
+    type_of,
 )
 from proxy.protocols.sse import SSEEvent
 
@@ -192,7 +193,7 @@ class StreamParser:
         seq = obj.get("sequence_number")
         if isinstance(seq, int) and seq > self.sequence_number:
             self.sequence_number = seq
-        kind = obj.get("type") or event.event
+        kind = type_of(obj) or event.event
         if kind in _DELTA_EVENTS:
             text = obj.get("delta")
             if not isinstance(text, str):
@@ -270,7 +271,7 @@ def _content_texts(content: Any, out: list[str]) -> None:
         for part in content:
             if not isinstance(part, dict):
                 raise _Shape("content parts must be objects")
-            key = _PART_KEYS.get(part.get("type"))
+            key = _PART_KEYS.get(type_of(part))
             if key is not None:
                 _opt_text(part.get(key), out)
             # input_image, input_file, input_audio, ...: no text.
@@ -284,7 +285,7 @@ def _item_texts(
     """Append an input or output item's text to ``out``, and to ``model_out`` too when the
     model wrote it. (For a response body both lists are the same: only model-written
     text is collected; tool outputs there came from elsewhere.)"""
-    kind = item.get("type")
+    kind = type_of(item)
     if kind == "message" or (kind is None and "role" in item):
         pieces: list[str] = []
         _content_texts(item.get("content"), pieces)
