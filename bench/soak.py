@@ -1,0 +1,216 @@
+"""Soak: `crosstalk run` (shadow mode, detector process) in front of the simulator at a
+steady load with leaks, for an hour (``--minutes``; ``--quick`` is 3 minutes). Checked:
+
+* the RSS of the proxy and of its detector process plateau once the detection window
+  is full: the slope over the second half of the run, in MB per hour (target: <= 30
+  each; the window is shortened to a fifth of the run so that it fills early);
+* open files of the proxy stay within 10 of where they were at the half;
+* every request that got an answer has its ``exchange`` line;
+* the detector process is killed at a third of the run: the proxy starts a new one,
+  and only the exchanges the log names as unscanned lose their scan;
+* the live findings equal a replay of the capture (``--capture``), except exchanges
+  the live detector did not scan.
+
+    python bench/soak.py [--quick] [--minutes 60] [--json out.json]
+
+Exit status 0 when every check passes, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx2
+from passthrough import process_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from proxy.sim.workload import Workload  # noqa: E402
+
+TEST_KEY = "ab" * 32
+MAX_SLOPE_MB_PER_HOUR = 30.0
+MAX_FD_DRIFT = 10
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def slope_per_hour(samples: list[tuple[float, float]]) -> float:
+    """Least-squares slope of (seconds, MB) samples, in MB per hour."""
+    if len(samples) < 3:
+        return 0.0
+    xs, ys = zip(*samples, strict=True)
+    return statistics.linear_regression(xs, ys).slope * 3600
+
+
+def wait_port(port: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            httpx2.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+            return
+        except httpx2.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit(f"nothing answers on port {port}")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=60.0)
+    p.add_argument("--quick", action="store_true", help="3 minutes")
+    p.add_argument("--concurrency", type=int, default=6)
+    p.add_argument("--json", help="write the figures here")
+    args = p.parse_args()
+    seconds = 180.0 if args.quick else args.minutes * 60
+    work = Path(tempfile.mkdtemp(prefix="crosstalk-soak-"))
+    cfg = work / "crosstalk.toml"
+    cfg.write_text(
+        f'[detection]\nkey = "{TEST_KEY}"\nwindow_seconds = {max(30.0, seconds / 5):.0f}\n'
+    )
+    sim_port, port = free_port(), free_port()
+    log, capture = work / "events.jsonl", work / "capture.flows"
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "sim", "--port", str(sim_port), "--token-delay", "0.002",
+         "--leak-rate", "0.05", "--seed", "3", "--truth", str(work / "truth.jsonl")],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "proxy", "run", "--upstream", f"http://127.0.0.1:{sim_port}",
+         "--listen-port", str(port), "--config", str(cfg), "--log-file", str(log),
+         "--capture", str(capture)],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(work / "proxy.stderr").open("wb"),
+    )  # fmt: skip
+    answered: set[str] = set()
+    failures = 0
+    samples: dict[str, list[tuple[float, float]]] = {"proxy": [], "detector": []}
+    fds: list[tuple[float, int]] = []
+    killed_at = None
+    try:
+        wait_port(sim_port)
+        wait_port(port)
+        started = time.monotonic()
+        stop_at = started + seconds
+        requests = Workload(tenants=20, seed=9).requests(10**7)
+        lock = threading.Lock()
+
+        def worker() -> None:
+            nonlocal failures
+            client = httpx2.Client(timeout=60)
+            while time.monotonic() < stop_at:
+                with lock:
+                    req = next(requests)
+                body = req.body()
+                body["max_tokens"] = 120
+                headers = {"X-Tenant-ID": req.tenant, "X-Request-ID": req.request_id}
+                try:
+                    r = client.post(f"http://127.0.0.1:{port}{req.path()}", json=body,
+                                    headers=headers)  # fmt: skip
+                    if r.status_code == 200:
+                        with lock:
+                            answered.add(req.request_id)
+                    else:
+                        failures += 1
+                except httpx2.HTTPError:
+                    failures += 1
+
+        threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
+        for t in threads:
+            t.start()
+        while time.monotonic() < stop_at:
+            now = time.monotonic() - started
+            tree = process_tree(proxy.pid)
+            samples["proxy"].append((now, rss_mb(proxy.pid)))
+            children = [pid for pid in tree if pid != proxy.pid]
+            if children:
+                samples["detector"].append((now, sum(rss_mb(c) for c in children)))
+            fds.append((now, open_files(proxy.pid)))
+            if killed_at is None and now > seconds / 3 and children:
+                os.kill(children[0], signal.SIGKILL)  # the detector process dies
+                killed_at = now
+            time.sleep(5)
+        for t in threads:
+            t.join(120)
+    finally:
+        proxy.send_signal(signal.SIGTERM)
+        proxy.wait(60)
+        sim.send_signal(signal.SIGTERM)
+        sim.wait(30)
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    logged = {e["request_id"] for e in events if e["event"] == "exchange"}
+    unscanned = {e.get("request_id") for e in events if e["event"] == "detector.error"}
+    live = {(e["request_id"], e["source_tenant"]) for e in events if e["event"] == "leak.detected"}
+    replay_log = work / "replay.jsonl"
+    subprocess.run(
+        [sys.executable, "-m", "proxy", "replay", str(capture), "--config", str(cfg),
+         "--log-file", str(replay_log)],
+        cwd=ROOT, capture_output=True, timeout=3600,
+    )  # fmt: skip
+    replayed = {
+        (e["request_id"], e["source_tenant"])
+        for e in map(json.loads, replay_log.read_text().splitlines())
+        if e["event"] == "leak.detected"
+    }
+    half = seconds / 2
+    second_half = {k: [s for s in v if s[0] >= half] for k, v in samples.items()}
+    slopes = {k: slope_per_hour(v) for k, v in second_half.items()}
+    fd_half = [n for t, n in fds if t >= half]
+    differ = {k for k in live ^ replayed if k[0] not in unscanned}
+    figures = {
+        "seconds": seconds,
+        "requests_answered": len(answered),
+        "failures": failures,
+        "missing_exchange_lines": len(answered - logged),
+        "rss_mb_end": {k: round(v[-1][1], 1) if v else None for k, v in samples.items()},
+        "rss_slope_mb_per_hour": {k: round(v, 1) for k, v in slopes.items()},
+        "open_files": [min(n for _, n in fds), max(n for _, n in fds)],
+        "detector_killed_at_s": killed_at,
+        "detector_restarts": sum(e["event"] == "detector.ready" for e in events) - 1,
+        "unscanned_exchanges": len(unscanned - {None}),
+        "live_findings": len(live),
+        "replay_findings": len(replayed),
+        "live_replay_differ_outside_unscanned": len(differ),
+    }
+    checks = {
+        "every answer has its exchange line": not figures["missing_exchange_lines"],
+        "no failed request": failures == 0,
+        "RSS plateaus": all(v <= MAX_SLOPE_MB_PER_HOUR for v in slopes.values()),
+        "open files stable": bool(fd_half) and max(fd_half) - min(fd_half) <= MAX_FD_DRIFT,
+        "detector restarted after the kill": figures["detector_restarts"] >= 1,
+        "replay equals live (scanned exchanges)": not differ,
+    }
+    print(json.dumps(figures, indent=2))
+    for name, ok in checks.items():
+        print(f"- {'PASS' if ok else 'FAIL'} {name}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"figures": figures, "checks": checks}, indent=2))
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
