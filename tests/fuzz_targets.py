@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from proxy.protocols.chat_templates import split_turns
 from proxy.protocols.decoding import UnsupportedEncoding, stream_decoder, zstd
 from proxy.protocols.sse import SSEDecoder
 from proxy.store import journal
+from proxy.store.redis_index import KEY, ORIGIN, RECORD, Ingester
 
 ROUTES = (
     Route("openai", "chat"),
@@ -61,6 +63,32 @@ SSE_BYTES = st.lists(
     ),
     max_size=8,
 ).map(b"".join)
+
+
+class _Log:
+    """A logger that keeps nothing (the ingester logs the first corrupt entry)."""
+
+    def __getattr__(self, _name: str) -> Callable[..., None]:
+        return lambda *a, **k: None
+
+
+_INGESTER: list[Ingester] = []
+
+
+def _ingest(data: tuple[bytes, bool]) -> None:
+    """One Redis stream entry from another replica, as the consumer hands it over: the
+    record is zlib-compressed JSON of any shape (never a reason to raise)."""
+    if not _INGESTER:
+        from proxy.config import Config
+        from proxy.factory import build_engine
+
+        counters: dict[str, int] = defaultdict(int)  # SharedIndex names them all
+        _INGESTER.append(Ingester(build_engine(Config()), "fuzz-replica", _Log(), counters))
+    ingester = _INGESTER[0]
+    raw, compressed = data
+    fields = {ORIGIN: b"other-replica", KEY: ingester.key_id,
+              RECORD: zlib.compress(raw) if compressed else raw}  # fmt: skip
+    ingester.ingest(b"1-0", fields)
 
 
 @dataclass(frozen=True)
@@ -123,4 +151,5 @@ TARGETS: tuple[Target, ...] = (
         (ValueError, KeyError, TypeError),
     ),  # fmt: skip
     Target("config", st.text(max_size=300), load_text, (ConfigError,)),
+    Target("redis_record", st.tuples(BODIES, st.booleans()), _ingest),
 )
