@@ -118,6 +118,13 @@ def test_dead_detector_fails_open_and_is_replaced(tmp_path: Path):
         )
         assert any(e["event"] == "exchange" and e["request_id"] == "after-restart" for e in logged)
         assert p.proc.poll() is None
+    # No exchange vanishes from the log with the child: the ones it never logged (sent
+    # while it was gone) have their line from the proxy, verdict "unscanned".
+    lines = {e["request_id"]: e for e in read_events(p.log) if e["event"] == "exchange"}
+    for rid in ["before-kill", "after-restart", *(f"after-kill-{i}" for i in range(6))]:
+        assert rid in lines, rid
+    unscanned = [e for e in lines.values() if e["verdict"] == "unscanned"]
+    assert all("detector process" in e["error"] for e in unscanned)
 
 
 def test_a_stalled_detector_makes_the_proxy_skip_copies_not_wait(tmp_path: Path):

@@ -46,6 +46,7 @@ from proxy.store.journal import load_window as journal_load_window
 from proxy.store.redis_index import SharedIndex, open_index
 from proxy.tenants import TenantRules, identify, request_id_of
 
+UNSCANNED_KEY = "crosstalk.unscanned"  # why a flow's copy never reached the detector
 READY_TIMEOUT = 120.0  # seconds a detector process may take to load its state
 RESTART_DELAY = 1.0  # seconds before a dead detector process is replaced
 MAX_RESTARTS = 5  # replacements per run; a detector that keeps dying is left off
@@ -249,7 +250,14 @@ class CrossTalk:
             ctx.master.shutdown()
 
     def _detector_event(self, event: str, detail: Any) -> None:
+        if event == "logged":
+            if self.mirror is not None:
+                self.mirror.logged(detail)
+            return
         if event == "exited":
+            if self.mirror is not None:
+                for flow in self.mirror.orphans():
+                    self._log_unscanned(flow, f"the detector process {detail} before logging it")
             restart = self._running and self._restarts < MAX_RESTARTS
             then = f"replaced in {RESTART_DELAY:g} s" if restart else "detection stays off"
             self.log.error(
@@ -454,7 +462,8 @@ class CrossTalk:
         )
         flow.metadata[METADATA_KEY] = monitor
         if self.mirror is not None:
-            self.mirror.request(flow)
+            if not self.mirror.request(flow):
+                flow.metadata[UNSCANNED_KEY] = "the detector process was lagging or gone"
             return
         if parsed is not None:
 
@@ -515,7 +524,9 @@ class CrossTalk:
         if monitor is None:
             return
         if self.mirror is not None:
-            if (verdict := await self.mirror.response(flow)) is not None:
+            if (reason := flow.metadata.pop(UNSCANNED_KEY, None)) is not None:
+                self._log_unscanned(flow, reason)
+            elif (verdict := await self.mirror.response(flow)) is not None:
                 flow.response.headers["x-crosstalk-verdict"] = verdict
             return
         monitor.ended = monitor.ended or time.monotonic()
@@ -543,7 +554,10 @@ class CrossTalk:
         if monitor is None:
             return
         if self.mirror is not None:
-            self.mirror.error(flow)
+            if (reason := flow.metadata.pop(UNSCANNED_KEY, None)) is not None:
+                self._log_unscanned(flow, reason)
+            else:
+                self.mirror.error(flow)
             return
         monitor.ended = monitor.ended or time.monotonic()
         status = flow.response.status_code if flow.response else 502
@@ -613,6 +627,25 @@ class CrossTalk:
             self.log.warning(
                 "leak.detected", **monitor.leak_fields(finding, evidence_text=evidence_text)
             )
+
+    def _log_unscanned(self, flow: http.HTTPFlow, reason: str) -> None:
+        """The ``exchange`` line of an exchange that the detector process took and died
+        with: the proxy passed it on unscanned, and says so."""
+        monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
+        if monitor is None:
+            return
+        self.log.info(
+            "exchange",
+            request_id=monitor.request_id,
+            tenant=monitor.tenant,
+            method=flow.request.method,
+            path=flow.request.path,
+            status=flow.response.status_code if flow.response else 0,
+            stream=monitor.stream,
+            model=monitor.model,
+            verdict="unscanned",
+            error=reason,
+        )
 
     def _log_exchange(
         self, flow: http.HTTPFlow, monitor: ExchangeMonitor, status: int, error: str | None = None

@@ -288,6 +288,8 @@ class DetectorProcess:
                 future = self._replies.get(message[1])
                 if future is not None and not future.done():
                     future.set_result(message[2])
+            elif message[0] == "logged":
+                self._tell("logged", message[1])
 
     def _died(self, reason: str) -> None:
         if not self.alive:
@@ -348,16 +350,31 @@ class FlowMirror:
         self.process = process
         self.skipped = 0  # exchanges not copied: the child was lagging or gone
         self._next_id = 0
+        # Copied exchanges whose ``exchange`` line the child has not confirmed: if it
+        # dies, the proxy logs them itself (``orphans``), so none vanishes unrecorded.
+        self.open: dict[int, Any] = {}
 
-    def request(self, flow: Any) -> None:
+    def logged(self, xid: int) -> None:
+        """The child wrote this exchange's line."""
+        self.open.pop(xid, None)
+
+    def orphans(self) -> list[Any]:
+        """The flows the child will never log (it died): taken out of ``open``."""
+        flows, self.open = list(self.open.values()), {}
+        return flows
+
+    def request(self, flow: Any) -> bool:
+        """Copy the request; False when the child cannot take it (lagging or gone)."""
         if not self.process.accepting():
             self.skipped += 1
-            return
+            return False
         self._next_id += 1
         flow.metadata[MIRROR_KEY] = self._next_id
+        self.open[self._next_id] = flow
         trusted = bool(flow.metadata.get(CLAIMS_TRUSTED_KEY))
         state = (flow.request.get_state(), flow.client_conn.peername, trusted)
         self.process.send("request", self._next_id, state, time.monotonic())
+        return True
 
     def responseheaders(self, flow: Any, streamed: bool) -> None:
         xid = flow.metadata.get(MIRROR_KEY)

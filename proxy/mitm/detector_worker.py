@@ -44,9 +44,10 @@ _PEER = ("127.0.0.1", 0)  # a copy's client when the proxy sent no peer
 class ExchangeCopies:
     """Rebuilds each copied exchange as a flow and runs the master's hooks on it."""
 
-    def __init__(self, master: Master, reply: Any) -> None:
+    def __init__(self, master: Master, reply: Any, confirm: Any = None) -> None:
         self.master = master
         self.reply = reply
+        self.confirm = confirm or (lambda xid: None)
         self.flows: dict[int, http.HTTPFlow] = {}
 
     async def handle(self, message: tuple) -> None:
@@ -79,6 +80,7 @@ class ExchangeCopies:
             if data is not None:
                 flow.response.raw_content = data
             await self._hook(HttpResponseHook(flow))
+            self._confirm(xid, monitor)
             if data is not None:
                 self.reply(xid, flow.response.headers.get("x-crosstalk-verdict"))
         elif kind == "error":
@@ -87,6 +89,15 @@ class ExchangeCopies:
                 monitor.ended = at
             flow.error = Error(data)
             await self._hook(HttpErrorHook(flow))
+            self._confirm(xid, monitor)
+
+    def _confirm(self, xid: int, monitor: Any) -> None:
+        """Tell the proxy once this exchange's line is written (it settles after the
+        hooks' own callbacks, which log it)."""
+        if monitor is None:
+            self.confirm(xid)
+        else:
+            monitor.when_settled(lambda: self.confirm(xid))
 
     async def _request(self, xid: int, data: tuple, at: float) -> None:
         state, peer, trusted = data
@@ -131,6 +142,9 @@ async def serve(read_fd: int, write_fd: int) -> int:
     def reply(xid: int, value: Any) -> None:
         os.write(write_fd, encode("reply", xid, value))
 
+    def confirm(xid: int) -> None:
+        os.write(write_fd, encode("logged", xid))
+
     hello = await frames.get()
     if hello is None or hello[0] != "hello":
         print("crosstalk detector: no configuration received", file=sys.stderr)
@@ -157,7 +171,7 @@ async def serve(read_fd: int, write_fd: int) -> int:
         return 1
     os.write(write_fd, encode("ready", os.getpid()))
     running = asyncio.create_task(master.run())
-    copies = ExchangeCopies(master, reply)
+    copies = ExchangeCopies(master, reply, confirm)
     while (message := await frames.get()) is not None and message[0] != "stop":
         try:
             await copies.handle(message)
