@@ -739,3 +739,31 @@ def test_a_capture_without_bodies_is_never_called_clean(tmp_path, capsys):
     )
     assert f"({len(not_scannable)} without bodies in the capture)" in err and "not clean" in err
     assert all("body not in the capture" in e["reason"] for e in not_scannable)
+
+
+LITELLM = Path(__file__).parent / "data" / "litellm-payloads.jsonl"
+
+
+def test_litellm_logging_payloads_replay_to_the_planted_leak(tmp_path, capsys):
+    """LiteLLM's StandardLoggingPayload lines (a sample written from
+    litellm/types/utils.py's definition): found by content, tenants from the keys'
+    teams, the leak in globex's answer traced to acme's request."""
+    log = tmp_path / "litellm.jsonl"
+    status = cli_main(["replay", str(LITELLM), "--log-file", str(log)])
+    found = [e for e in read_events(log) if e["event"] == "leak.detected"]
+    assert status == 1
+    assert [(e["tenant"], e["source_tenant"]) for e in found] == [
+        ("globex-support", "acme-finance")
+    ]
+    assert found[0]["source_request_id"] == "fb710734-986e-46cb-8ab8-ab67a26b7f62"
+    # Message logging turned off (LiteLLM writes a placeholder): nothing to scan, never clean.
+    redacted = tmp_path / "redacted.jsonl"
+    lines = [json.loads(line) for line in LITELLM.read_text().splitlines()]
+    for obj in lines:
+        for message in obj["messages"]:
+            message["content"] = "redacted-by-litellm"
+        obj["response"]["choices"][0]["message"]["content"] = "redacted-by-litellm"
+    redacted.write_text("".join(json.dumps(o) + "\n" for o in lines))
+    capsys.readouterr()
+    assert cli_main(["replay", str(redacted), "--log-file", str(tmp_path / "r.jsonl")]) == 3
+    assert "(4 without bodies in the capture)" in capsys.readouterr().err

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "detection.state_file; 'none': a cold engine)",
     )
     p.add_argument(
-        "--format", dest="fmt", choices=("auto", "flows", "har", "jsonl"), default="auto"
+        "--format", dest="fmt", choices=("auto", "flows", "har", "jsonl", "litellm"), default="auto"
     )
     p.add_argument(
         "--sort-buffer",

@@ -12,6 +12,9 @@ carries on with the next record it can find and never ends the replay early.
   is cut out of the document incrementally (never loaded whole); each entry becomes a
   flow through mitmproxy's own HAR importer.
 * ``jsonl``: crosstalk's exchange format, one JSON object a line (``JSONL_FIELDS``).
+* ``litellm``: LiteLLM's ``StandardLoggingPayload``, one JSON object a line (its GCS and
+  file loggers' newline-delimited JSON; ``litellm/types/utils.py``): ``messages`` and
+  ``response`` replayed as a chat exchange, the tenant from the key's team.
 
 Files may be gzip-compressed. ``sniff`` picks the format from the first bytes and the
 name. A new format (the fingerprint journal) is one more entry in ``READERS``.
@@ -35,7 +38,7 @@ from mitmproxy.io.har import request_to_flow
 from proxy.forensics.replayer import ExchangeRecord, RecordedResponse
 from proxy.mitm.capture import CHUNKS_KEY, ENDED_KEY, OBSERVED_KEY, chunk_timing
 
-FORMATS = ("flows", "har", "jsonl")
+FORMATS = ("flows", "har", "jsonl", "litellm")
 
 #: The JSON-lines exchange format, one object per request (docs/forensics.md, "Forensic replay").
 JSONL_FIELDS = {
@@ -112,17 +115,19 @@ def sniff(head: bytes, name: str) -> str | None:
         return None
     if lower.endswith(".har"):
         return "har"
-    if lower.endswith((".jsonl", ".ndjson")):
-        return "jsonl"
     first = body.split(b"\n", 1)[0]
     try:
         obj = orjson.loads(first)
     except orjson.JSONDecodeError:
+        if lower.endswith((".jsonl", ".ndjson")):
+            return "jsonl"
         # A first line that is not a whole object: pretty-printed JSON, i.e. a HAR
         # (unless the line was cut by the sniff buffer: then it is a long JSON line).
         return "jsonl" if b"\n" not in body and len(head) >= SNIFF_BYTES else "har"
     if isinstance(obj, dict) and "log" in obj:
         return "har"
+    if isinstance(obj, dict) and is_litellm_payload(obj):
+        return "litellm"
     return "jsonl"
 
 
@@ -154,7 +159,7 @@ def open_input(path: str | Path, fmt: str = "auto") -> InputFile:
         raw.close()
         if not head.strip():
             raise InputError(f"{p}: empty file")
-        raise InputError(f"{p}: not a flow file, HAR or JSON-lines capture")
+        raise InputError(f"{p}: not a flow file, HAR, JSON-lines capture or LiteLLM log")
     return InputFile(p, found, raw, stream, size)
 
 
@@ -463,6 +468,13 @@ def jsonl_record(obj: Any, position: str, fallback_id: str) -> ExchangeRecord:
 
 
 def read_jsonl(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
+    return _read_lines(source, on_skip, jsonl_record)
+
+
+def _read_lines(
+    source: InputFile, on_skip: OnSkip, make: Callable[[Any, str, str], ExchangeRecord]
+) -> Iterator[ExchangeRecord]:
+    """One record per JSON line, by ``make(object, position, fallback id)``."""
     offset = 0
     for number, line in enumerate(source.stream, 1):
         start, offset = offset, offset + len(line)
@@ -470,7 +482,7 @@ def read_jsonl(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
             continue
         position = f"{source.name}:{number}"
         try:
-            record = jsonl_record(orjson.loads(line), position, f"{source.path.name}:{number}")
+            record = make(orjson.loads(line), position, f"{source.path.name}:{number}")
         except (ValueError, KeyError, TypeError) as e:
             cut = "" if line.endswith(b"\n") else " (last line, cut short?)"
             on_skip(Skipped(source.name, number, start, f"bad line{cut}: {_reason(e)}"))
@@ -483,8 +495,93 @@ def _reason(error: Exception) -> str:
     return text[:200]
 
 
+# -- LiteLLM's StandardLoggingPayload ------------------------------------------------------
+
+#: Where a LiteLLM payload names the tenant, first found wins: the key's team (LiteLLM's
+#: unit of isolation), the key's alias, the key's hash. ``replay --tenant-from`` adds one.
+LITELLM_TENANT_FIELDS = (
+    "metadata.user_api_key_team_alias",
+    "metadata.user_api_key_team_id",
+    "metadata.user_api_key_alias",
+    "metadata.user_api_key_hash",
+)
+LITELLM_REDACTED = "redacted-by-litellm"  # turn_off_message_logging
+_TEXT_CALLS = ("text_completion", "atext_completion")
+
+
+def is_litellm_payload(obj: dict) -> bool:
+    return "call_type" in obj and "messages" in obj and isinstance(obj.get("metadata"), dict)
+
+
+def field_at(obj: Any, dotted: str) -> Any:
+    """``obj``'s value at a dotted path (``metadata.user_api_key_alias``), else None."""
+    for part in dotted.split("."):
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(part)
+    return obj
+
+
+def litellm_record(
+    obj: Any,
+    position: str,
+    fallback_id: str,
+    tenant_fields: tuple[str, ...] = LITELLM_TENANT_FIELDS,
+) -> ExchangeRecord:
+    """One LiteLLM payload as a chat (or text) completion exchange. A payload whose
+    message logging was turned off holds no text: its bodies count as not recorded."""
+    if not isinstance(obj, dict) or not is_litellm_payload(obj):
+        raise ValueError("not a LiteLLM StandardLoggingPayload")
+    when = _time(obj.get("startTime"), "startTime")
+    end = _time(obj["endTime"], "endTime") if obj.get("endTime") is not None else when
+    text_call = obj.get("call_type") in _TEXT_CALLS
+    messages = obj["messages"]
+    if isinstance(messages, str):
+        request: dict = {"prompt": messages} if text_call else {"messages": [
+            {"role": "user", "content": messages}]}  # fmt: skip
+    elif isinstance(messages, list):
+        request = {"messages": messages}
+    else:
+        raise ValueError("messages must be a list or a string")
+    headers = http.Headers()
+    request_id = obj.get("litellm_call_id") or obj.get("id")
+    if isinstance(request_id, str) and request_id:
+        headers["x-request-id"] = request_id
+    tenant = next(
+        (str(v) for f in tenant_fields if isinstance(v := field_at(obj, f), str | int) and str(v)),
+        None,
+    )
+    redacted = LITELLM_REDACTED in orjson.dumps(messages).decode()
+    payload = obj.get("response")
+    response = None
+    if isinstance(payload, dict) and obj.get("status", "success") == "success":
+        body = orjson.dumps(payload)
+        response = RecordedResponse(
+            200, http.Headers(content_type="application/json"), body, end, end,
+            recorded=LITELLM_REDACTED not in body.decode(),
+        )  # fmt: skip
+    return ExchangeRecord(
+        time=when,
+        position=position,
+        method="POST",
+        path="/v1/completions" if text_call else "/v1/chat/completions",
+        headers=headers,
+        body=orjson.dumps(request),
+        response=response,
+        fallback_id=fallback_id,
+        tenant=tenant,
+        end=end,
+        body_recorded=not redacted,
+    )
+
+
+def read_litellm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
+    return _read_lines(source, on_skip, litellm_record)
+
+
 READERS: dict[str, Callable[[InputFile, OnSkip], Iterator[ExchangeRecord]]] = {
     "flows": read_flows,
     "har": read_har,
     "jsonl": read_jsonl,
+    "litellm": read_litellm,
 }
