@@ -16,7 +16,7 @@ import brotli
 from hypothesis import strategies as st
 
 from proxy.config import ConfigError, load_text
-from proxy.forensics.readers import jsonl_record
+from proxy.forensics.readers import jsonl_record, litellm_record
 from proxy.protocols import ProtocolError, Route
 from proxy.protocols.chat_templates import split_turns
 from proxy.protocols.decoding import UnsupportedEncoding, stream_decoder, zstd
@@ -148,6 +148,20 @@ TARGETS: tuple[Target, ...] = (
         "jsonl_reader",
         JSON,
         lambda obj: jsonl_record(obj, "f:1", "f:1"),
+        (ValueError, KeyError, TypeError),
+    ),  # fmt: skip
+    Target(
+        "litellm_reader",
+        st.fixed_dictionaries(
+            {
+                "call_type": st.sampled_from(["acompletion", "text_completion", "x"]),
+                "messages": JSON,
+                "metadata": JSON,
+                "startTime": SCALARS,
+                "response": JSON,
+            }
+        ),
+        lambda obj: litellm_record(obj, "f:1", "f:1"),
         (ValueError, KeyError, TypeError),
     ),  # fmt: skip
     Target("config", st.text(max_size=300), load_text, (ConfigError,)),
