@@ -630,22 +630,11 @@ class CrossTalk:
 
     def _log_unscanned(self, flow: http.HTTPFlow, reason: str) -> None:
         """The ``exchange`` line of an exchange that the detector process took and died
-        with: the proxy passed it on unscanned, and says so."""
+        with, or could not take: the proxy passed it on unscanned, and says so."""
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
-        if monitor is None:
-            return
-        self.log.info(
-            "exchange",
-            request_id=monitor.request_id,
-            tenant=monitor.tenant,
-            method=flow.request.method,
-            path=flow.request.path,
-            status=flow.response.status_code if flow.response else 0,
-            stream=monitor.stream,
-            model=monitor.model,
-            verdict="unscanned",
-            error=reason,
-        )
+        if monitor is not None:
+            status = flow.response.status_code if flow.response else 0
+            self._exchange_line(flow, monitor, status, "unscanned", error=reason)
 
     def _log_exchange(
         self, flow: http.HTTPFlow, monitor: ExchangeMonitor, status: int, error: str | None = None
@@ -671,6 +660,11 @@ class CrossTalk:
             fields["truncated"] = True
         if monitor.upstream_error:
             fields["upstream_error"] = str(monitor.upstream_error.get("message", ""))[:200]
+        self._exchange_line(flow, monitor, status, monitor.verdict, **fields)
+
+    def _exchange_line(
+        self, flow: http.HTTPFlow, monitor: ExchangeMonitor, status: int, verdict: str, **fields
+    ) -> None:
         self.log.info(
             "exchange",
             request_id=monitor.request_id,
@@ -684,7 +678,7 @@ class CrossTalk:
             ttft_ms=monitor.ttft_ms,
             prompt_chars=monitor.prompt_chars,
             output_chars=monitor.output_chars,
-            verdict=monitor.verdict,
+            verdict=verdict,
             **fields,
         )
 
