@@ -15,7 +15,8 @@ import httpx2
 import openai
 import pytest
 from conftest import ROOT, free_port, read_events, start_server, stop, wait_for_events
-from test_tls import https_sim, issue, make_ca, trusting
+from pki import issue, make_ca
+from test_tls import https_sim, trusting
 
 CONFIG = ROOT / "config" / "production.example.toml"
 

@@ -48,6 +48,7 @@ from conftest import (
     wait_for_events,
     wait_for_port,
 )
+from pki import issue, make_ca
 from traffic import Result, judge, load_truth, send
 
 from proxy.config import load
@@ -469,73 +470,10 @@ def test_tls_and_password(tmp_path, redis_server_bin):
 
 
 def make_certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A CA and a server certificate for 127.0.0.1 it signed (PEM files)."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-
-    def build(subject: str, issuer: str, public, signer, *, ca: bool, san=None):
-        # Key identifiers and key usage: Python >= 3.13 verifies strictly (RFC 5280) and
-        # refuses a chain without them ("Missing Authority Key Identifier").
-        builder = (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
-            .public_key(public)
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
-            .add_extension(
-                x509.AuthorityKeyIdentifier.from_issuer_public_key(signer.public_key()),
-                critical=False,
-            )
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=not ca,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=ca,
-                    crl_sign=ca,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-        )
-        if not ca:
-            builder = builder.add_extension(
-                x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False
-            )
-        if san is not None:
-            builder = builder.add_extension(x509.SubjectAlternativeName(san), critical=False)
-        return builder.sign(signer, hashes.SHA256())
-
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_cert = build("crosstalk test CA", "crosstalk test CA", ca_key.public_key(), ca_key, ca=True)
-    key = ec.generate_private_key(ec.SECP256R1())
-    san = [x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]
-    cert = build("127.0.0.1", "crosstalk test CA", key.public_key(), ca_key, ca=False, san=san)
-    paths = directory / "ca.pem", directory / "server.pem", directory / "server.key"
-    paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.TraditionalOpenSSL,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
+    """A CA and a server certificate for 127.0.0.1 it signed: (CA, chain, key) PEM files."""
+    ca = make_ca(directory, "ca")
+    cert, key = issue(directory, "server", ca)
+    return ca[0], cert, key
 
 
 def test_stream_is_trimmed_to_the_detection_window(tmp_path, redis_server_bin):
