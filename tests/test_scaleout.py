@@ -848,5 +848,7 @@ def test_redis_outage_and_replica_restart(tmp_path, warm_state, redis_server_bin
         stopped = [r.events("index.stopped")[0] for r in (r0, r2)] + [stopped_r1]
     print("outage:", stopped)
     for s in stopped:
-        assert s["index_degraded"] == 1 and s["index_dropped"] == 0, s
+        # The outage is seen (a reconnect into a Redis still starting can count a second
+        # degradation: CI saw 2 once) and nothing is dropped.
+        assert s["index_degraded"] >= 1 and s["index_dropped"] == 0, s
         assert s["outbox"] == 0, s
