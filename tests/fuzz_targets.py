@@ -6,17 +6,22 @@ bench/fuzz.py. A crash found becomes a regression example in tests/test_fuzz.py.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import zlib
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import brotli
 from hypothesis import strategies as st
 
 from proxy.config import ConfigError, load_text
-from proxy.forensics.readers import jsonl_record, litellm_record
+from proxy.forensics import pyrepr
+from proxy.forensics.gateway_logs import litellm_record
+from proxy.forensics.readers import jsonl_record, open_input, read_records
 from proxy.protocols import ProtocolError, Route
 from proxy.protocols.chat_templates import split_turns
 from proxy.protocols.decoding import UnsupportedEncoding, stream_decoder, zstd
@@ -89,6 +94,64 @@ def _ingest(data: tuple[bytes, bool]) -> None:
     fields = {ORIGIN: b"other-replica", KEY: ingester.key_id,
               RECORD: zlib.compress(raw) if compressed else raw}  # fmt: skip
     ingester.ingest(b"1-0", fields)
+
+
+DATA = Path(__file__).parent / "data"
+_SAMPLE_LINES = {
+    fmt: (DATA / name).read_bytes().splitlines(keepends=True)
+    for fmt, name in (
+        ("sglang", "sglang-requests.log"),
+        ("sglang-json", "sglang-requests-json.log"),
+        ("vllm", "vllm-requests.log"),
+        ("otel", "otel-genai-traces.jsonl"),
+    )
+}
+_REPR_TOKENS = st.sampled_from(
+    ["'", '"', "(", ")", "[", "]", "{", "}", ", ", "=", ": ", " ... ", "None", "True", "x",
+     "1", "-2.5e3", "\\", "\\'", "GenerateReqInput(", "rid='r'", "text='t'", "<obj at 0x1>",
+     "out={'text': 'a'}", "SamplingParams(n=1)", "\n", "\u00e9", "inf"]
+)  # fmt: skip
+REPR_TEXT = st.one_of(
+    st.lists(_REPR_TOKENS, max_size=30).map("".join),
+    JSON.map(repr),
+    st.tuples(JSON.map(repr), st.integers(0, 200)).map(lambda t: t[0][: t[1]]),
+)
+
+
+def _mutated_lines(fmt: str) -> st.SearchStrategy[bytes]:
+    """Real lines of a sample, cut short, spliced with junk or repr soup, reordered."""
+    line = st.sampled_from(_SAMPLE_LINES[fmt])
+    mutation = st.one_of(
+        line,
+        st.tuples(line, st.integers(0, 3000)).map(lambda t: t[0][: t[1]]),
+        st.tuples(line, st.integers(0, 3000), st.binary(max_size=20)).map(
+            lambda t: t[0][: t[1]] + t[2] + t[0][t[1] :]
+        ),
+        st.tuples(line, st.integers(0, 3000), REPR_TEXT).map(
+            lambda t: t[0][: t[1]] + t[2].encode() + t[0][t[1] :]
+        ),
+    )
+    return st.lists(mutation, max_size=5).map(b"".join)
+
+
+def _read_file(fmt: str) -> Callable[[bytes], None]:
+    """A whole file through a reader: it skips what it cannot read, never raises."""
+
+    def run(data: bytes) -> None:
+        fd, name = tempfile.mkstemp(prefix="crosstalk-fuzz-")
+        try:
+            os.write(fd, data)
+            os.close(fd)
+            source = open_input(name, fmt)
+            try:
+                for _ in read_records(source, lambda skipped: None):
+                    pass
+            finally:
+                source.close()
+        finally:
+            os.unlink(name)
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -164,6 +227,11 @@ TARGETS: tuple[Target, ...] = (
         lambda obj: litellm_record(obj, "f:1", "f:1"),
         (ValueError, KeyError, TypeError),
     ),  # fmt: skip
+    Target("pyrepr", REPR_TEXT, pyrepr.parse, (ValueError,)),
+    Target("sglang_reader", _mutated_lines("sglang"), _read_file("sglang")),
+    Target("sglang_json_reader", _mutated_lines("sglang-json"), _read_file("sglang")),
+    Target("vllm_reader", _mutated_lines("vllm"), _read_file("vllm")),
+    Target("otel_reader", _mutated_lines("otel"), _read_file("otel")),
     Target("config", st.text(max_size=300), load_text, (ConfigError,)),
     Target("redis_record", st.tuples(BODIES, st.booleans()), _ingest),
 )

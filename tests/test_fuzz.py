@@ -30,6 +30,10 @@ REGRESSIONS = [
     ("openai.chat.request", b'{"messages": [{"role": "user", "content": [{"type": [1]}]}]}'),
     ("responses.responses.request", b'{"input": [{"type": [1]}, {"type": "message", "content": [{"type": []}]}]}'),
     ("anthropic.messages.request", b'{"messages": [{"role": "user", "content": [{"type": [2]}]}]}'),
+    # A string literal with a broken escape in an engine log: ast.literal_eval raised
+    # SyntaxError (the repr reader now decodes escapes itself).
+    ("pyrepr", "f(text='\\u', rid='r')"),
+    ("sglang_reader", b"[2026-05-04 10:15:02] Receive: obj=GenerateReqInput(rid='r', text={'\\u'x', a=1)\n"),
 ]  # fmt: skip
 
 

@@ -196,11 +196,14 @@ def test_forensic_replay_scans_every_format():
     found: list[tuple[str, str, str]] = []
 
     class Sink:
-        def finding(self, monitor, finding, when, record):
+        def finding(self, monitor, finding, when, record, partial):
             found.append((monitor.request_id, finding.source_tenant, monitor.route.api))
 
         def detector_error(self, monitor, record):
             raise AssertionError(monitor.detector_error)
+
+        def no_tenant(self, record):
+            raise AssertionError(record.tenant_missing)
 
         def failure(self, position, reason):
             raise AssertionError(reason)

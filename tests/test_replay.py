@@ -581,7 +581,7 @@ def test_sort_buffer_orders_a_file_that_is_out_of_order(tmp_path, captured):
     ("args", "message"),
     [
         (["missing.flows"], "cannot open"),
-        (["{tmp}/junk.bin"], "not a flow file, HAR, JSON-lines capture or LiteLLM log"),
+        (["{tmp}/junk.bin"], "not a flow file, HAR, JSON-lines capture, LiteLLM log"),
         (["{tmp}/ok.jsonl", "--report", "{tmp}/r.pdf"], "--report must end in"),
         (["{tmp}/ok.jsonl", "--window", "two hours"], "window must be"),
         (["{tmp}/ok.jsonl", "--window", "0h"], "window must be > 0"),

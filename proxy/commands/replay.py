@@ -1,7 +1,8 @@
 """``crosstalk replay FILE...``: find leaks after the fact in captured traffic.
 
-Exit status: 0 no leak found and every exchange scanned, 1 leaks found, 2 unusable
-arguments or unreadable input, 3 no leak found but some exchanges were not scannable.
+Exit status: 0 no leak found and every exchange scanned whole, 1 leaks found, 2 unusable
+arguments or unreadable input, 3 no leak found but not all of the traffic could be looked
+at: bodies missing from the input, text the input cut, an input that names no tenant.
 The work is in ``proxy.forensics.job`` (job), ``proxy.forensics.replayer`` (driver), ``proxy.forensics.readers``
 (formats) and ``proxy.forensics.report``.
 """
@@ -9,9 +10,11 @@ The work is in ``proxy.forensics.job`` (job), ``proxy.forensics.replayer`` (driv
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from proxy.config import ConfigError, load
+from proxy.forensics.readers import FORMATS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,8 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "files",
         nargs="+",
         metavar="FILE",
-        help="mitmproxy flow files (mitmdump -w, crosstalk run --capture), HAR or crosstalk "
-        "JSON-lines exchanges; gzip allowed; merged in time order",
+        help="mitmproxy flow files (mitmdump -w, crosstalk run --capture), HAR, crosstalk "
+        "JSON-lines exchanges, LiteLLM logging payloads, SGLang --log-requests or vLLM "
+        "request logs, OpenTelemetry GenAI trace exports; gzip allowed; merged in time order",
     )
     p.add_argument("--config", help="the TOML configuration the proxy ran with (tenant rules, key)")
     p.add_argument(
@@ -40,8 +44,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="learned commonness to start from, read only (default: the config's "
         "detection.state_file; 'none': a cold engine)",
     )
+    p.add_argument("--format", dest="fmt", choices=("auto", *FORMATS), default="auto")
     p.add_argument(
-        "--format", dest="fmt", choices=("auto", "flows", "har", "jsonl", "litellm"), default="auto"
+        "--tenant-from",
+        metavar="FIELD",
+        action="append",
+        help="the field of a log record that names its tenant (a dotted path, e.g. "
+        "request_id, headers.x-tenant-id, lora_request.lora_name, enduser.id; "
+        "docs/forensics.md lists them per format); may be repeated, first found wins",
+    )
+    p.add_argument(
+        "--tenant-pattern",
+        metavar="REGEX",
+        help="the tenant is this pattern's first group (else its match) in --tenant-from's "
+        "value, e.g. '^chatcmpl-([a-z0-9]+)-'",
+    )
+    p.add_argument(
+        "--max-log-len",
+        type=int,
+        metavar="N",
+        help="the engine cut logged text at N characters without a marker (vLLM's "
+        "--max-log-len): text that long is reported as partial",
     )
     p.add_argument(
         "--sort-buffer",
@@ -56,11 +79,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from proxy.forensics.job import JobError, ReplayJob, parse_window, run_job
+    from proxy.forensics.readers import TenantFrom
     from proxy.forensics.replayer import DEFAULT_SORT_BUFFER
 
     try:
         window = parse_window(args.window) if args.window else None
         config = load(args.config, detection__window_seconds=window)
+        if args.tenant_pattern and not args.tenant_from:
+            raise ValueError("--tenant-pattern needs --tenant-from FIELD")
+        try:
+            pattern = re.compile(args.tenant_pattern) if args.tenant_pattern else None
+        except re.error as e:
+            raise ValueError(f"--tenant-pattern: {e}") from None
+        tenant_from = TenantFrom(tuple(args.tenant_from or ()), pattern)
     except (ValueError, ConfigError) as e:
         print(f"crosstalk replay: {e}", file=sys.stderr)
         return 2
@@ -80,6 +111,8 @@ def main(args: argparse.Namespace) -> int:
         sort_buffer=args.sort_buffer if args.sort_buffer is not None else DEFAULT_SORT_BUFFER,
         fmt=args.fmt,
         progress=not args.no_progress and sys.stderr.isatty(),
+        tenant_from=tenant_from,
+        max_log_len=args.max_log_len,
     )
     try:
         outcome = run_job(job)
@@ -94,16 +127,29 @@ def main(args: argparse.Namespace) -> int:
         f"{outcome.incidents} incidents; {outcome.skipped} records skipped, "
         f"{s.detector_errors + s.unrecorded} not scannable"
         + (f" ({s.unrecorded} without bodies in the capture)" if s.unrecorded else "")
+        + (f", {s.partial} with text cut by the input" if s.partial else "")
+        + (f", {s.untenanted} without a tenant" if s.untenanted else "")
         + f", {s.late} out of order"
         + (f"; report: {', '.join(args.report)}" if args.report else ""),
         file=sys.stderr,
     )
     if s.findings:
         return 1
-    if s.unrecorded or s.detector_errors:
+    unseen = [
+        why
+        for count, why in (
+            (s.unrecorded, "bodies the input does not hold (a capture made with "
+             "stream_large_bodies, a log that keeps no text)"),
+            (s.detector_errors, "exchanges the detector could not scan"),
+            (s.partial, "text the input cut (a log's length limit)"),
+            (s.untenanted, "exchanges without a tenant (give --tenant-from FIELD)"),
+        )
+        if count
+    ]  # fmt: skip
+    if unseen:
         print(
-            "crosstalk replay: not clean: part of the traffic could not be scanned "
-            "(a capture made with stream_large_bodies keeps no bodies)",
+            "crosstalk replay: not clean: part of the traffic could not be looked at: "
+            + "; ".join(unseen),
             file=sys.stderr,
         )
         return 3

@@ -22,7 +22,15 @@ from proxy.engine.ordered_replay import RecordReplayer, ReplayedFinding
 from proxy.engine.records import OutputRecord
 from proxy.eventlog import make_logger
 from proxy.factory import build_engine, tenant_rules
-from proxy.forensics.readers import InputError, InputFile, Skipped, open_input, read_records
+from proxy.forensics.readers import (
+    LOG_FORMATS,
+    InputError,
+    InputFile,
+    Skipped,
+    TenantFrom,
+    open_input,
+    read_records,
+)
 from proxy.forensics.replayer import (
     DEFAULT_SORT_BUFFER,
     ExchangeRecord,
@@ -100,6 +108,8 @@ class ReplayJob:
     sort_buffer: int = DEFAULT_SORT_BUFFER
     fmt: str = "auto"
     progress: bool = False  # draw a progress line on stderr
+    tenant_from: TenantFrom = field(default_factory=TenantFrom)  # --tenant-from, --tenant-pattern
+    max_log_len: int | None = None  # the engine's --max-log-len (text of that length is cut)
 
 
 @dataclass
@@ -131,12 +141,19 @@ class EventSink:
             self.progress.clear()
 
     def finding(
-        self, monitor: ExchangeMonitor, finding: Finding, when: float, record: ExchangeRecord
+        self,
+        monitor: ExchangeMonitor,
+        finding: Finding,
+        when: float,
+        record: ExchangeRecord,
+        partial: list[str],
     ) -> None:
         fields = monitor.leak_fields(finding)  # never the text, whatever the config says
         fields["action"] = "replayed"
         fields["recorded_at"] = iso(when, "milliseconds")
         fields["capture"] = record.position
+        if partial:
+            fields["partial_text"] = partial
         self._quiet()
         self.log.warning("leak.detected", **fields)
         self.book.add(fields, when)
@@ -149,6 +166,11 @@ class EventSink:
         self._quiet()
         self.log.warning("leak.detected", **fields)
         self.book.add(fields, found.time)
+
+    def no_tenant(self, record: ExchangeRecord) -> None:
+        self._quiet()
+        self.log.warning("replay.no_tenant", input=record.origin, reason=record.tenant_missing)
+        print(f"crosstalk replay: {record.origin}: {record.tenant_missing}", file=sys.stderr)
 
     def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None:
         self._quiet()
@@ -213,6 +235,8 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
             raise JobError(f"--report must end in one of {', '.join(REPORT_SUFFIXES)}: {report}")
     if job.sort_buffer < 1:
         raise JobError("--sort-buffer must be >= 1")
+    if job.max_log_len is not None and job.max_log_len < 1:
+        raise JobError("--max-log-len must be >= 1")
     if job.state not in (None, "none") and not Path(job.state).is_file():
         raise JobError(f"--state {job.state}: no such file")
     journals = [p for p in job.paths if journal.is_journal(p)]
@@ -225,11 +249,19 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
     sources: list[InputFile] = []
     try:
         for path in [] if journals else job.paths:
-            sources.append(open_input(path, job.fmt))
+            sources.append(open_input(path, job.fmt, job.tenant_from, job.max_log_len))
     except InputError as e:
         for source in sources:
             source.close()
         raise JobError(str(e)) from e
+    captures = [s.name for s in sources if s.format not in LOG_FORMATS]
+    if job.tenant_from.fields and (captures or journals):
+        for source in sources:
+            source.close()
+        raise JobError(
+            "--tenant-from reads a field of a log record; the tenant of HTTP captures and "
+            f"journals comes from the configuration's [tenants] rules: {(captures or journals)[0]}"
+        )
     try:
         log = make_logger(job.log_file, job.log_level)
     except (OSError, ValueError) as e:
@@ -284,9 +316,18 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
     seconds = time.monotonic() - started
     summary = {
         "inputs": [s.name for s in sources] or list(job.paths),
+        "per_input": [
+            {"input": s.name, "format": s.format, **asdict(stats.per_input[s.name])}
+            for s in sources
+            if s.name in stats.per_input
+        ],
         "traffic_from": iso(stats.first_time),
         "traffic_to": iso(stats.last_time),
-        **{k: v for k, v in asdict(stats).items() if k not in ("first_time", "last_time")},
+        **{
+            k: v
+            for k, v in asdict(stats).items()
+            if k not in ("first_time", "last_time", "per_input")
+        },
         "skipped": sink.skipped_count,
         "skipped_records": [{"position": s.position, "reason": s.reason} for s in sink.skipped],
         "window_seconds": engine_config.window_seconds,

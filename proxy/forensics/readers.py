@@ -1,4 +1,4 @@
-"""Captured traffic for ``crosstalk replay``: mitmproxy flow files, HAR, JSON lines.
+"""The inputs of ``crosstalk replay``: captured traffic and the logs operators keep.
 
 Each reader turns one file into ``ExchangeRecord``s lazily, in file order, so a file
 larger than memory is read record by record. A record that cannot be read is reported
@@ -12,12 +12,12 @@ carries on with the next record it can find and never ends the replay early.
   is cut out of the document incrementally (never loaded whole); each entry becomes a
   flow through mitmproxy's own HAR importer.
 * ``jsonl``: crosstalk's exchange format, one JSON object a line (``JSONL_FIELDS``).
-* ``litellm``: LiteLLM's ``StandardLoggingPayload``, one JSON object a line (its GCS and
-  file loggers' newline-delimited JSON; ``litellm/types/utils.py``): ``messages`` and
-  ``response`` replayed as a chat exchange, the tenant from the key's team.
+* ``litellm``: LiteLLM's ``StandardLoggingPayload`` lines (``gateway_logs``).
+* ``sglang``, ``vllm``: the engines' own request logs (``engine_logs``).
+* ``otel``: OpenTelemetry GenAI spans from the Collector's file exporter (``otel``).
 
 Files may be gzip-compressed. ``sniff`` picks the format from the first bytes and the
-name. A new format (the fingerprint journal) is one more entry in ``READERS``.
+name. A new format is one more entry in ``READERS`` (and a rule in ``sniff``).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from __future__ import annotations
 import gzip
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -35,10 +33,31 @@ from mitmproxy import exceptions, http
 from mitmproxy.io import FlowReader
 from mitmproxy.io.har import request_to_flow
 
+from proxy.forensics.engine_logs import SNIFF_SGLANG, SNIFF_VLLM, read_sglang, read_vllm
+from proxy.forensics.gateway_logs import is_litellm_payload, read_litellm
+from proxy.forensics.inputs import (
+    NO_TENANT_FIELDS,
+    InputError,
+    InputFile,
+    OnSkip,
+    Skipped,
+    TenantFrom,
+    body_bytes,
+    epoch,
+    field_at,
+    read_json_lines,
+    reason,
+)
+from proxy.forensics.otel import is_otlp_traces, read_otel
 from proxy.forensics.replayer import ExchangeRecord, RecordedResponse
 from proxy.mitm.capture import CHUNKS_KEY, ENDED_KEY, OBSERVED_KEY, chunk_timing
 
-FORMATS = ("flows", "har", "jsonl", "litellm")
+__all__ = ["FORMATS", "InputError", "InputFile", "Skipped", "TenantFrom", "open_input"]
+
+FORMATS = ("flows", "har", "jsonl", "litellm", "sglang", "vllm", "otel")
+#: The formats whose records name their tenant from their own fields (``--tenant-from``);
+#: the HTTP captures' tenant comes from the configuration's tenant rules.
+LOG_FORMATS = ("jsonl", "litellm", "sglang", "vllm", "otel")
 
 #: The JSON-lines exchange format, one object per request (docs/forensics.md, "Forensic replay").
 JSONL_FIELDS = {
@@ -57,60 +76,16 @@ JSONL_FIELDS = {
 }
 
 
-class InputError(Exception):
-    """An input that cannot be replayed at all (missing, unreadable, unknown format)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """A record that could not be read, and where it was."""
-
-    path: str
-    record: int  # 1-based record number in the file (a line number for JSON lines)
-    offset: int | None  # byte offset where the record starts, when known
-    reason: str
-
-    @property
-    def position(self) -> str:
-        where = f"{self.path}: record {self.record}"
-        return where + (f" (byte {self.offset})" if self.offset is not None else "")
-
-
-OnSkip = Callable[[Skipped], None]
-
-
-@dataclass
-class InputFile:
-    """One opened input: its format, the (decompressed) stream, and its progress."""
-
-    path: Path
-    format: str
-    raw: IO[bytes]  # the file as stored: its position is the progress
-    stream: IO[bytes]  # what readers read (decompressed when gzip)
-    size: int
-
-    @property
-    def name(self) -> str:
-        return str(self.path)
-
-    def progress(self) -> int:
-        """Bytes of the stored file consumed so far."""
-        try:
-            return self.raw.tell()
-        except (OSError, ValueError):
-            return self.size
-
-    def close(self) -> None:
-        self.stream.close()
-        self.raw.close()
-
-
 def sniff(head: bytes, name: str) -> str | None:
     """The format of a file starting with ``head`` (decompressed), or None."""
     lower = name.lower().removesuffix(".gz")
     body = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     if re.match(rb"[0-9]{1,12}:", body):
         return "flows"  # a tnetstring: mitmproxy's flow file
+    if SNIFF_SGLANG.search(head):
+        return "sglang"  # text lines, or JSON events (possibly behind a time prefix)
+    if SNIFF_VLLM.search(head):
+        return "vllm"
     if not body.startswith(b"{"):
         return None
     if lower.endswith(".har"):
@@ -123,18 +98,27 @@ def sniff(head: bytes, name: str) -> str | None:
             return "jsonl"
         # A first line that is not a whole object: pretty-printed JSON, i.e. a HAR
         # (unless the line was cut by the sniff buffer: then it is a long JSON line).
-        return "jsonl" if b"\n" not in body and len(head) >= SNIFF_BYTES else "har"
+        if b"\n" not in body and len(head) >= SNIFF_BYTES:
+            return "otel" if body.startswith(b'{"resourceSpans"') else "jsonl"
+        return "har"
     if isinstance(obj, dict) and "log" in obj:
         return "har"
     if isinstance(obj, dict) and is_litellm_payload(obj):
         return "litellm"
+    if is_otlp_traces(obj):
+        return "otel"
     return "jsonl"
 
 
 SNIFF_BYTES = 65536
 
 
-def open_input(path: str | Path, fmt: str = "auto") -> InputFile:
+def open_input(
+    path: str | Path,
+    fmt: str = "auto",
+    tenant_from: TenantFrom | None = None,
+    max_log_len: int | None = None,
+) -> InputFile:
     """Open ``path`` for replay and settle its format. Raises InputError."""
     p = Path(path)
     try:
@@ -159,8 +143,11 @@ def open_input(path: str | Path, fmt: str = "auto") -> InputFile:
         raw.close()
         if not head.strip():
             raise InputError(f"{p}: empty file")
-        raise InputError(f"{p}: not a flow file, HAR, JSON-lines capture or LiteLLM log")
-    return InputFile(p, found, raw, stream, size)
+        raise InputError(
+            f"{p}: not a flow file, HAR, JSON-lines capture, LiteLLM log, SGLang or vLLM "
+            "request log, or OpenTelemetry trace export (--format names one)"
+        )
+    return InputFile(p, found, raw, stream, size, tenant_from or TenantFrom(), max_log_len)
 
 
 def read_records(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
@@ -225,8 +212,9 @@ def read_flows(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
                 try:
                     record = flow_record(flow, f"{source.name}#{number}")
                 except (ValueError, TypeError, AttributeError) as e:
-                    on_skip(Skipped(source.name, number, start, f"unusable flow: {_reason(e)}"))
+                    on_skip(Skipped(source.name, number, start, f"unusable flow: {reason(e)}"))
                     continue
+                record.origin = source.name
                 yield record
             return
         except (exceptions.FlowReadException, ValueError, TypeError, KeyError) as e:
@@ -382,8 +370,9 @@ def read_har(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
                     raise ValueError("an entry must be an object")
                 record = har_record(entry, position, f"{source.path.name}:{number}")
             except (ValueError, KeyError, TypeError, AttributeError) as e:
-                on_skip(Skipped(source.name, number, offset, f"bad HAR entry: {_reason(e)}"))
+                on_skip(Skipped(source.name, number, offset, f"bad HAR entry: {reason(e)}"))
                 continue
+            record.origin = source.name
             yield record
     except ValueError as e:
         on_skip(Skipped(source.name, number + 1, None, f"HAR cut short: {e}"))
@@ -392,36 +381,17 @@ def read_har(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
 # -- JSON lines ----------------------------------------------------------------------------
 
 
-def _time(value: Any, name: str) -> float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            pass
-    raise ValueError(f"{name} must be epoch seconds or an ISO 8601 time")
-
-
-def _body(value: Any, name: str) -> bytes:
-    if value is None:
-        return b""
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, dict | list):
-        return orjson.dumps(value)
-    raise ValueError(f"{name} must be a JSON object or a string")
-
-
-def jsonl_record(obj: Any, position: str, fallback_id: str) -> ExchangeRecord:
+def jsonl_record(
+    obj: Any, position: str, fallback_id: str, tenant_from: TenantFrom = NO_TENANT_FIELDS
+) -> ExchangeRecord:
     """A recorded exchange from one object of the JSON-lines format."""
     if not isinstance(obj, dict):
         raise ValueError("a line must be a JSON object")
-    when = _time(obj.get("time"), "time")
-    end = _time(obj["end_time"], "end_time") if obj.get("end_time") is not None else when
+    when = epoch(obj.get("time"), "time")
+    end = epoch(obj["end_time"], "end_time") if obj.get("end_time") is not None else when
     first = when
     if obj.get("response_time") is not None:
-        first = _time(obj["response_time"], "response_time")
+        first = epoch(obj["response_time"], "response_time")
     path = obj.get("path")
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValueError("path must be a string starting with /")
@@ -448,7 +418,7 @@ def jsonl_record(obj: Any, position: str, fallback_id: str) -> ExchangeRecord:
     elif "response" in obj:
         response_headers = http.Headers(content_type="application/json")
         response = RecordedResponse(
-            status, response_headers, _body(obj["response"], "response"), end, end
+            status, response_headers, body_bytes(obj["response"], "response"), end, end
         )
     method = obj.get("method", "POST")
     if not isinstance(method, str):
@@ -459,124 +429,18 @@ def jsonl_record(obj: Any, position: str, fallback_id: str) -> ExchangeRecord:
         method=method.upper(),
         path=path,
         headers=headers,
-        body=_body(obj.get("request"), "request"),
+        body=body_bytes(obj.get("request"), "request"),
         response=response,
         fallback_id=fallback_id,
-        tenant=tenant.strip() if tenant else None,
+        tenant=tenant_from.pick(lambda f: field_at(obj, f), ("tenant",)),
         end=end,
     )
 
 
 def read_jsonl(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
-    return _read_lines(source, on_skip, jsonl_record)
-
-
-def _read_lines(
-    source: InputFile, on_skip: OnSkip, make: Callable[[Any, str, str], ExchangeRecord]
-) -> Iterator[ExchangeRecord]:
-    """One record per JSON line, by ``make(object, position, fallback id)``."""
-    offset = 0
-    for number, line in enumerate(source.stream, 1):
-        start, offset = offset, offset + len(line)
-        if not line.strip():
-            continue
-        position = f"{source.name}:{number}"
-        try:
-            record = make(orjson.loads(line), position, f"{source.path.name}:{number}")
-        except (ValueError, KeyError, TypeError) as e:
-            cut = "" if line.endswith(b"\n") else " (last line, cut short?)"
-            on_skip(Skipped(source.name, number, start, f"bad line{cut}: {_reason(e)}"))
-            continue
-        yield record
-
-
-def _reason(error: Exception) -> str:
-    text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return text[:200]
-
-
-# -- LiteLLM's StandardLoggingPayload ------------------------------------------------------
-
-#: Where a LiteLLM payload names the tenant, first found wins: the key's team (LiteLLM's
-#: unit of isolation), the key's alias, the key's hash. ``replay --tenant-from`` adds one.
-LITELLM_TENANT_FIELDS = (
-    "metadata.user_api_key_team_alias",
-    "metadata.user_api_key_team_id",
-    "metadata.user_api_key_alias",
-    "metadata.user_api_key_hash",
-)
-LITELLM_REDACTED = "redacted-by-litellm"  # turn_off_message_logging
-_TEXT_CALLS = ("text_completion", "atext_completion")
-
-
-def is_litellm_payload(obj: dict) -> bool:
-    return "call_type" in obj and "messages" in obj and isinstance(obj.get("metadata"), dict)
-
-
-def field_at(obj: Any, dotted: str) -> Any:
-    """``obj``'s value at a dotted path (``metadata.user_api_key_alias``), else None."""
-    for part in dotted.split("."):
-        if not isinstance(obj, dict):
-            return None
-        obj = obj.get(part)
-    return obj
-
-
-def litellm_record(
-    obj: Any,
-    position: str,
-    fallback_id: str,
-    tenant_fields: tuple[str, ...] = LITELLM_TENANT_FIELDS,
-) -> ExchangeRecord:
-    """One LiteLLM payload as a chat (or text) completion exchange. A payload whose
-    message logging was turned off holds no text: its bodies count as not recorded."""
-    if not isinstance(obj, dict) or not is_litellm_payload(obj):
-        raise ValueError("not a LiteLLM StandardLoggingPayload")
-    when = _time(obj.get("startTime"), "startTime")
-    end = _time(obj["endTime"], "endTime") if obj.get("endTime") is not None else when
-    text_call = obj.get("call_type") in _TEXT_CALLS
-    messages = obj["messages"]
-    if isinstance(messages, str):
-        request: dict = {"prompt": messages} if text_call else {"messages": [
-            {"role": "user", "content": messages}]}  # fmt: skip
-    elif isinstance(messages, list):
-        request = {"messages": messages}
-    else:
-        raise ValueError("messages must be a list or a string")
-    headers = http.Headers()
-    request_id = obj.get("litellm_call_id") or obj.get("id")
-    if isinstance(request_id, str) and request_id:
-        headers["x-request-id"] = request_id
-    tenant = next(
-        (str(v) for f in tenant_fields if isinstance(v := field_at(obj, f), str | int) and str(v)),
-        None,
+    return read_json_lines(
+        source, on_skip, lambda obj, pos, fid: jsonl_record(obj, pos, fid, source.tenant_from)
     )
-    redacted = LITELLM_REDACTED in orjson.dumps(messages).decode()
-    payload = obj.get("response")
-    response = None
-    if isinstance(payload, dict) and obj.get("status", "success") == "success":
-        body = orjson.dumps(payload)
-        response = RecordedResponse(
-            200, http.Headers(content_type="application/json"), body, end, end,
-            recorded=LITELLM_REDACTED not in body.decode(),
-        )  # fmt: skip
-    return ExchangeRecord(
-        time=when,
-        position=position,
-        method="POST",
-        path="/v1/completions" if text_call else "/v1/chat/completions",
-        headers=headers,
-        body=orjson.dumps(request),
-        response=response,
-        fallback_id=fallback_id,
-        tenant=tenant,
-        end=end,
-        body_recorded=not redacted,
-    )
-
-
-def read_litellm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
-    return _read_lines(source, on_skip, litellm_record)
 
 
 READERS: dict[str, Callable[[InputFile, OnSkip], Iterator[ExchangeRecord]]] = {
@@ -584,4 +448,7 @@ READERS: dict[str, Callable[[InputFile, OnSkip], Iterator[ExchangeRecord]]] = {
     "har": read_har,
     "jsonl": read_jsonl,
     "litellm": read_litellm,
+    "sglang": read_sglang,
+    "vllm": read_vllm,
+    "otel": read_otel,
 }

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from mitmproxy.net import encoding as http_encoding
@@ -48,6 +49,9 @@ DEFAULT_SORT_BUFFER = 1024
 SORT_BUFFER_BYTES = 64 << 20
 #: Compressed streams cannot be cut into events: they are paced in pieces of this size.
 COMPRESSED_PIECE = 4096
+#: Request ids of exchanges with cut text, remembered to mark findings whose source
+#: text was cut (the oldest are forgotten first).
+PARTIAL_SOURCES_KEPT = 65536
 
 
 class ReplayRecord(Protocol):
@@ -89,6 +93,10 @@ class ExchangeRecord:
     tenant: str | None = None  # given by the record itself; else the tenant rules decide
     end: float | None = None  # when an exchange without response failed
     body_recorded: bool = True  # False: the capture kept no request body
+    origin: str = ""  # the input it was read from (per-input accounting)
+    partial: str | None = None  # what of the text the input cut (a log's length limit)
+    tenant_missing: str | None = None  # the input names no tenant: why, and what to do
+    missing_note: str | None = None  # why a body is not in the input (a log's settings)
 
     def unrecorded(self) -> str | None:
         """What of this exchange the capture did not keep, or None: a replay must not
@@ -101,7 +109,10 @@ class ExchangeRecord:
             )
             if not kept
         ]
-        return " and ".join(missing) + " body not in the capture" if missing else None
+        if not missing:
+            return None
+        note = f" ({self.missing_note})" if self.missing_note else ""
+        return " and ".join(missing) + " body not in the capture" + note
 
     def steps(self, replayer: Replayer) -> Iterator[float]:
         return replayer.exchange_steps(self)
@@ -113,6 +124,18 @@ class ExchangeRecord:
 
 
 @dataclass(slots=True)
+class InputStats:
+    """What one input let the replay see, in LLM exchanges."""
+
+    exchanges: int = 0
+    complete: int = 0  # scanned whole: both texts, uncut, with a tenant
+    partial: int = 0  # some text cut by the input (a log's length limit)
+    unrecorded: int = 0  # a body the input does not hold
+    untenanted: int = 0  # the input names no tenant for it
+    detector_errors: int = 0
+
+
+@dataclass(slots=True)
 class ReplayStats:
     records: int = 0  # records replayed (any kind)
     exchanges: int = 0  # LLM exchanges scanned
@@ -121,20 +144,33 @@ class ReplayStats:
     unparsed: int = 0  # request body not a valid API request (response still scanned)
     detector_errors: int = 0  # exchanges the detector could not scan (fail open live)
     unrecorded: int = 0  # exchanges whose capture holds no body (not scannable either)
+    partial: int = 0  # exchanges whose input cut some of their text (scanned what is left)
+    untenanted: int = 0  # exchanges of an input that names no tenant (one "anonymous")
     degenerate: int = 0  # exchanges whose output turned to garbage (output.degenerate live)
     findings: int = 0
     late: int = 0  # records older than one already replayed (beyond the sort buffer)
     failures: int = 0  # unexpected errors while replaying a record (reported, skipped)
     first_time: float | None = None
     last_time: float | None = None
+    per_input: dict[str, InputStats] = field(default_factory=dict)
 
 
 class ReplaySink(Protocol):
     """Where the replayer reports (the command: event log, report, progress)."""
 
     def finding(
-        self, monitor: ExchangeMonitor, finding: Finding, when: float, record: ExchangeRecord
-    ) -> None: ...
+        self,
+        monitor: ExchangeMonitor,
+        finding: Finding,
+        when: float,
+        record: ExchangeRecord,
+        partial: list[str],
+    ) -> None:
+        """``partial``: which of the texts the finding rests on were cut by their input
+        (``victim: ...``, ``source: ...``); empty when both were whole."""
+
+    def no_tenant(self, record: ExchangeRecord) -> None:
+        """The first exchange of an input that names no tenant (once per input)."""
 
     def detector_error(self, monitor: ExchangeMonitor, record: ExchangeRecord) -> None: ...
 
@@ -237,6 +273,8 @@ class Replayer:
         self.clock = 0.0  # recorded time of the step being run
         self._pending: list[tuple[float, int, Iterator[float], str]] = []
         self._seq = itertools.count()
+        self._partial_sources: OrderedDict[str, str] = OrderedDict()
+        self._untenanted_inputs: set[str] = set()
 
     def run(self, records: Iterable[ReplayRecord]) -> ReplayStats:
         """Replay ``records`` (time-ordered, e.g. from ``merge_inputs``) to the end."""
@@ -285,13 +323,27 @@ class Replayer:
         """The addon's sequence: ``request`` (tenant, request id, observe the prompt at
         the request's time), ``responseheaders`` + stream chunks (SSE), or ``response``
         (a buffered body, at its last byte), or ``error``."""
-        monitor = self._begin(record)
-        if monitor is None:
+        begun = self._begin(record)
+        if begun is None:
             return
+        monitor, untenanted = begun
+        seen = self.stats.per_input.setdefault(record.origin, InputStats())
+        seen.exchanges += 1
+        whole = True
         missing = record.unrecorded()
         if missing is not None:
             self.stats.unrecorded += 1
+            seen.unrecorded += 1
+            whole = False
             self.sink.unrecorded(monitor, record, missing)
+        if record.partial is not None:
+            self.stats.partial += 1
+            seen.partial += 1
+            whole = False
+            self._remember_partial(monitor.request_id, record.partial)
+        if untenanted:
+            seen.untenanted += 1
+            whole = False
         watch = self._watch_degenerate(monitor, record)
         response = record.response
         if response is None:
@@ -322,9 +374,18 @@ class Replayer:
                 monitor.close()
         if monitor.detector_error is not None:
             self.stats.detector_errors += 1
+            seen.detector_errors += 1
+            whole = False
             self.sink.detector_error(monitor, record)
+        seen.complete += whole
         if watch is not None:
             watch.finish()
+
+    def _remember_partial(self, request_id: str, what: str) -> None:
+        kept = self._partial_sources
+        kept[request_id] = what
+        if len(kept) > PARTIAL_SOURCES_KEPT:
+            kept.popitem(last=False)
 
     def _watch_degenerate(
         self, monitor: ExchangeMonitor, record: ExchangeRecord
@@ -341,9 +402,10 @@ class Replayer:
         monitor.on_delta = watch.feed
         return watch
 
-    def _begin(self, record: ExchangeRecord) -> ExchangeMonitor | None:
-        """The addon's ``request`` hook, in shadow mode: None when the exchange is not
-        scanned (not an LLM call, or no tenant with ``unknown = "reject"``)."""
+    def _begin(self, record: ExchangeRecord) -> tuple[ExchangeMonitor, bool] | None:
+        """The addon's ``request`` hook, in shadow mode: the monitor, and whether the
+        input named no tenant for it; None when the exchange is not scanned (not an LLM
+        call, or no tenant with ``unknown = "reject"``)."""
         route = route_for(record.method, record.path)
         if route is None:
             self.stats.passthrough += 1
@@ -359,11 +421,19 @@ class Replayer:
         tenant = record.tenant or resolve_tenant(
             self.rules, headers, parsed.user if parsed else None
         )
+        untenanted = tenant is None and record.tenant_missing is not None
         if tenant is None:
-            if self.config.tenants.unknown == "reject":
+            if self.config.tenants.unknown == "reject" and not untenanted:
                 self.stats.rejected += 1
                 return None
             tenant = "anonymous"
+        if untenanted:
+            # A log without a tenant field: its exchanges are all one tenant to the
+            # engine, so a leak between two of them cannot be seen. Counted, never clean.
+            self.stats.untenanted += 1
+            if record.origin not in self._untenanted_inputs:
+                self._untenanted_inputs.add(record.origin)
+                self.sink.no_tenant(record)
         self.stats.exchanges += 1
         monitor = ExchangeMonitor(
             route=route,
@@ -383,11 +453,14 @@ class Replayer:
                 )
             except Exception as e:  # noqa: BLE001 -- fail open, as live
                 monitor.detector_error = f"{type(e).__name__}: {e}"
-        return monitor
+        return monitor, untenanted
 
     def _found(
         self, monitor: ExchangeMonitor, findings: list[Finding], record: ExchangeRecord
     ) -> None:
         for finding in findings:
             self.stats.findings += 1
-            self.sink.finding(monitor, finding, self.clock, record)
+            partial = [f"victim: {record.partial}"] if record.partial else []
+            if (cut := self._partial_sources.get(finding.source_request_id)) is not None:
+                partial.append(f"source: {cut}")
+            self.sink.finding(monitor, finding, self.clock, record, partial)

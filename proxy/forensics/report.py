@@ -72,6 +72,7 @@ class Incident:
     first_seen: float
     last_seen: float
     findings: int = 0
+    on_partial_text: int = 0  # findings in or from text that its input had cut
     kinds: Counter[str] = field(default_factory=Counter)
     victim_requests: set[str] = field(default_factory=set)
     source_requests: set[str] = field(default_factory=set)
@@ -83,6 +84,7 @@ class Incident:
 
     def add(self, event: dict[str, Any], when: float) -> None:
         self.findings += 1
+        self.on_partial_text += bool(event.get("partial_text"))
         self.first_seen = min(self.first_seen, when)
         self.last_seen = max(self.last_seen, when)
         self.kinds[str(event.get("kind"))] += 1
@@ -103,6 +105,7 @@ class Incident:
             "first_seen": iso(self.first_seen),
             "last_seen": iso(self.last_seen),
             "findings": self.findings,
+            "findings_on_partial_text": self.on_partial_text,
             "victim_requests": _count(self.victim_requests),
             "source_requests": _count(self.source_requests),
             "kinds": dict(sorted(self.kinds.items())),
@@ -243,11 +246,33 @@ def _summary_lines(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("Records skipped (unreadable)", str(s.get("skipped", 0))),
         ("Exchanges not scannable (detector errors)", str(s.get("detector_errors", 0))),
         ("Exchanges not scannable (no body in the capture)", str(s.get("unrecorded", 0))),
+        ("Exchanges with text cut by the input (partly scanned)", str(s.get("partial", 0))),
+        ("Exchanges without a tenant in the input", str(s.get("untenanted", 0))),
         ("Degenerate outputs (garbage, not a leak)", str(s.get("degenerate", 0))),
         ("Detection window", f"{s.get('window_seconds', 0):g} s"),
         ("Key id", str(s.get("key_id", ""))),
     ]
     return rows
+
+
+#: The per-input table: what each input let the replay see.
+INPUT_COLUMNS = (
+    ("input", "input"),
+    ("format", "format"),
+    ("exchanges", "LLM exchanges"),
+    ("complete", "scanned whole"),
+    ("partial", "text cut by the input"),
+    ("unrecorded", "body not in the input"),
+    ("untenanted", "no tenant"),
+    ("detector_errors", "detector errors"),
+)
+
+
+def _input_rows(report: dict[str, Any]) -> list[list[str]]:
+    return [
+        [str(row.get(k, "")) for k, _ in INPUT_COLUMNS]
+        for row in report["summary"].get("per_input", [])
+    ]
 
 
 def _sparkline(columns: list[int]) -> str:
@@ -260,13 +285,18 @@ def render_markdown(report: dict[str, Any]) -> str:
     md = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
     out = [f"# {report['title']}", "", f"Generated {report['generated_at']}.", ""]
     out += ["| | |", "|---|---|"] + [f"| {k} | {md(v)} |" for k, v in _summary_lines(report)]
+    if rows := _input_rows(report):
+        out += ["", "## What each input let the replay see", ""]
+        out += ["| " + " | ".join(h for _, h in INPUT_COLUMNS) + " |"]
+        out += ["|---|---|" + "---:|" * (len(INPUT_COLUMNS) - 2)]
+        out += ["| " + " | ".join(md(v) for v in row) + " |" for row in rows]
     out += ["", "## GDPR Art. 33", ""] + [f"- {line}" for line in _gdpr_lines(report)]
     out += ["", "## Incidents", ""]
     if report["incidents"]:
         out += [
-            "| # | source -> victim | first seen | last seen | findings | victim requests "
-            "| kinds | 72 h deadline | evidence (keyed hashes) |",
-            "|---:|---|---|---|---:|---:|---|---|---|",
+            "| # | source -> victim | first seen | last seen | findings | on partial text "
+            "| victim requests | kinds | 72 h deadline | evidence (keyed hashes) |",
+            "|---:|---|---|---|---:|---:|---:|---|---|---|",
         ]
         for n, i in enumerate(report["incidents"], 1):
             deadline = i["gdpr_notify_by"] + (" (passed)" if i["gdpr_deadline_passed"] else "")
@@ -274,7 +304,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             out.append(
                 f"| {n} | {md(i['source_tenant'])} -> {md(i['victim_tenant'])} "
                 f"| {i['first_seen']} | {i['last_seen']} | {i['findings']} "
-                f"| {i['victim_requests']} | {md(_kinds(i['kinds']))} | {deadline} "
+                f"| {i['findings_on_partial_text']} | {i['victim_requests']} | {md(_kinds(i['kinds']))} | {deadline} "
                 f"| {md(evidence)} |"
             )
         chart = report["_chart"]
@@ -323,13 +353,21 @@ def render_html(report: dict[str, Any]) -> str:
         '<table id="summary">',
     ]
     parts += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in _summary_lines(report)]
-    parts += ["</table>", '<div class="gdpr"><h2>GDPR Art. 33</h2>']
+    parts.append("</table>")
+    if rows := _input_rows(report):
+        parts.append('<h2>What each input let the replay see</h2><table id="inputs"><tr>')
+        parts += [f"<th>{e(h)}</th>" for _, h in INPUT_COLUMNS]
+        parts.append("</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(v)}</td>" for v in row) + "</tr>" for row in rows]
+        parts.append("</table>")
+    parts += ['<div class="gdpr"><h2>GDPR Art. 33</h2>']
     parts += [f"<p>{e(line)}</p>" for line in _gdpr_lines(report)]
     parts += ["</div>", "<h2>Incidents</h2>"]
     if report["incidents"]:
         parts.append(
             '<table id="incidents"><thead><tr><th>#</th><th>source tenant</th><th>victim '
-            "tenant</th><th>first seen</th><th>last seen</th><th>findings</th><th>victim "
+            "tenant</th><th>first seen</th><th>last seen</th><th>findings</th>"
+            "<th>on partial text</th><th>victim "
             "requests</th><th>source requests</th><th>kinds</th><th>72 h deadline</th>"
             "<th>victim request ids</th><th>evidence (keyed hashes)</th></tr></thead><tbody>"
         )
@@ -339,6 +377,7 @@ def render_html(report: dict[str, Any]) -> str:
                 f"<tr><td class=n>{n}</td><td>{e(i['source_tenant'])}</td>"
                 f"<td>{e(i['victim_tenant'])}</td><td>{e(i['first_seen'])}</td>"
                 f"<td>{e(i['last_seen'])}</td><td class=n>{i['findings']}</td>"
+                f"<td class=n>{i['findings_on_partial_text']}</td>"
                 f"<td class=n>{e(str(i['victim_requests']))}</td>"
                 f"<td class=n>{e(str(i['source_requests']))}</td>"
                 f"<td>{e(_kinds(i['kinds']))}</td><td{passed}>{e(i['gdpr_notify_by'])}</td>"

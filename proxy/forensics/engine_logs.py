@@ -1,0 +1,414 @@
+"""Engine request logs for ``crosstalk replay``: SGLang ``--log-requests``, vLLM's request
+logging. Both write two lines per request (what came in, what went out), in Python
+``repr`` text (``proxy.forensics.pyrepr``), with no tenant field and, depending on the
+settings, with cut or missing text. Each reader pairs the lines by request id and says
+what the log did not keep, so a replay never calls text it did not see clean.
+
+SGLang (``python/sglang/srt/utils/request_logger.py``), text format::
+
+    [2026-05-04 10:15:02] Receive: obj=GenerateReqInput(rid='...', text='...', ...)[, headers={...}]
+    [2026-05-04 10:15:04] Finish: obj=GenerateReqInput(...)[, headers={...}], out={'text': '...', 'meta_info': {'id': ..., 'e2e_latency': ...}}
+
+and the JSON format (``--log-requests-format json``), one object a line:
+``{"timestamp", "event": "request.received" | "request.finished", "rid", "obj", "headers", "out"}``.
+Levels 0 and 1 log no text; level 2 cuts every string over 2,048 characters to its first
+and last 1,024 (``'head' ... 'tail'``; in JSON ``head...tail``); level 3 logs all of it.
+The logged ``headers`` (those named in ``SGLANG_LOG_REQUEST_HEADERS``) go through the tenant
+rules, so a tenant header the gateway sets names the tenant.
+
+vLLM (``vllm/entrypoints/logger.py``, ``--enable-log-requests``, outputs with
+``--enable-log-outputs``)::
+
+    INFO 05-04 10:15:02 [logger.py:40] Received request chatcmpl-...: prompt: '...', params: SamplingParams(...), prompt_token_ids: [...], prompt_embeds shape: None, lora_request: None.
+    INFO 05-04 10:15:04 [logger.py:71] Generated response chatcmpl-...: output: '...', output_token_ids: [...], finish_reason: stop
+
+(newer releases log the prompt in a DEBUG ``Request ... details: prompt: ...`` line).
+``--max-log-len N`` cuts prompts and outputs to N characters with no marker: pass the same
+``--max-log-len`` to the replay, or the reader infers a cut where the prompt and its token
+ids were cut to the same length. The time has no year and is local time: the year is the
+file's (from its modification time) and ``TZ`` sets the zone.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+
+from proxy.forensics import pyrepr
+from proxy.forensics.inputs import (
+    InputFile,
+    LoggedExchange,
+    OnSkip,
+    Skipped,
+    bad_line,
+    epoch,
+    field_at,
+    numbered_lines,
+)
+from proxy.forensics.replayer import ExchangeRecord
+
+#: Requests whose second line has not come: given up on (replayed without it) once this
+#: many are open, or once the log is this many seconds past them.
+PENDING_MAX = 10_000
+PENDING_SECONDS = 900.0
+SGLANG_CUT_HALF = 1024  # --log-requests-level 2 keeps this much of each end
+
+_SGLANG_LINE = re.compile(r"\b(Receive|Finish): obj=")
+_SGLANG_JSON = re.compile(rb'"event"\s*:\s*"request\.(received|finished)"')
+_LOG_TIME = re.compile(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:[.,]\d+)?)")
+_VLLM_TIME = re.compile(r"\b(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[.,](\d+))?\b")
+_VLLM_LINE = re.compile(
+    r"\b(?:(?P<received>Received request)|(?P<details>Request)|(?P<generated>Generated response))"
+    r" (?P<id>\S+?)(?: \(streaming (?P<stream>delta|complete)\))?(?P<sep>:| details:) "
+)
+SNIFF_SGLANG = re.compile(rb"\b(?:Receive|Finish): obj=[A-Za-z]+\(|" + _SGLANG_JSON.pattern)
+SNIFF_VLLM = re.compile(
+    rb"\b(?:Received request \S+: (?:prompt|params):|Generated response \S+: output:)"
+)
+
+SGLANG_TENANT = (
+    "SGLang's request log has no tenant field: log the tenant header "
+    "(SGLANG_LOG_REQUEST_HEADERS) or give --tenant-from FIELD"
+)
+VLLM_TENANT = (
+    "vLLM's request log has no tenant field: give --tenant-from FIELD (e.g. request_id "
+    "with --tenant-pattern, when the gateway puts the tenant in X-Request-Id)"
+)
+
+
+@dataclass
+class _Open:
+    """The first line of a request, waiting for its second."""
+
+    time: float
+    position: str
+    fields: dict[str, Any]
+    deltas: list[str] = field(default_factory=list)
+
+
+class _Pairing:
+    """Open requests by id, in arrival order, given up on when too many or too old."""
+
+    def __init__(self) -> None:
+        self.open: OrderedDict[str, _Open] = OrderedDict()
+
+    def add(self, key: str, entry: _Open) -> None:
+        self.open[key] = entry
+
+    def take(self, key: str) -> _Open | None:
+        return self.open.pop(key, None)
+
+    def expired(self, now: float) -> Iterator[tuple[str, _Open]]:
+        while self.open:
+            key, entry = next(iter(self.open.items()))
+            if len(self.open) <= PENDING_MAX and now - entry.time <= PENDING_SECONDS:
+                return
+            yield self.open.popitem(last=False)
+
+    def rest(self) -> Iterator[tuple[str, _Open]]:
+        while self.open:
+            yield self.open.popitem(last=False)
+
+
+def local_time(text: str) -> float:
+    """``2026-05-04 10:15:02[,123]`` in the machine's local time zone (``TZ``)."""
+    return datetime.fromisoformat(text.replace(",", ".").replace("T", " ")).timestamp()
+
+
+# -- SGLang ----------------------------------------------------------------------------------
+
+
+def sglang_fields(line: str) -> tuple[str, float | None, dict[str, Any]] | None:
+    """``(event, line time, {"obj", "headers", "out", "rid"})`` of one SGLang request-log
+    line, or None when the line is not one. Raises ValueError on a broken one."""
+    if (m := _SGLANG_LINE.search(line)) is not None:
+        stamp = _LOG_TIME.search(line, 0, m.start())
+        fields, _ = pyrepr.parse_fields(line.rstrip(), m.end() - len("obj="), "=")
+        obj = fields.get("obj")
+        if not isinstance(obj, dict):
+            raise ValueError("obj is not a GenerateReqInput")
+        fields["rid"] = obj.get("rid")
+        event = "received" if m.group(1) == "Receive" else "finished"
+        return event, local_time(stamp.group(1)) if stamp else None, fields
+    raw = line.encode()
+    if (j := _SGLANG_JSON.search(raw)) is None:
+        return None
+    obj = orjson.loads(raw[raw.index(b"{") :])
+    if not isinstance(obj, dict):
+        raise ValueError("a request event must be a JSON object")
+    when = epoch(obj["timestamp"], "timestamp") if obj.get("timestamp") is not None else None
+    return j.group(1).decode(), when, obj
+
+
+def _json_cut(value: Any) -> Any:
+    """SGLang's JSON format cuts a long string to ``head + "..." + tail`` (1,024 each)."""
+    n = SGLANG_CUT_HALF
+    if isinstance(value, str) and len(value) == 2 * n + 3 and value[n : n + 3] == "...":
+        return pyrepr.Cut(value[:n], value[n + 3 :])
+    return value
+
+
+def _sglang_texts(value: Any, what: str, partial: list[str]) -> Any:
+    """A logged ``text`` (one string or a batch of them) with SGLang's cuts joined and
+    noted; None when the log kept no text."""
+    items = value if isinstance(value, list) else [value]
+    texts = []
+    for item in items:
+        text, cut = pyrepr.text_of(_json_cut(item))
+        if text is None:
+            return None
+        if cut and not partial:
+            partial.append(
+                f"{what} cut by the log (SGLang level 2 keeps the first and last 1,024 characters)"
+            )
+        texts.append(text)
+    return texts if isinstance(value, list) else texts[0]
+
+
+def sglang_exchange(
+    finished: dict[str, Any] | None,
+    received: _Open | None,
+    end: float,
+    source: InputFile,
+) -> LoggedExchange:
+    """One SGLang request from its Finish line (``finished``) and, when seen, its Receive."""
+    fields = finished if finished is not None else received.fields  # type: ignore[union-attr]
+    obj = fields.get("obj") if isinstance(fields.get("obj"), dict) else {}
+    first = (
+        received.fields.get("obj")
+        if received and isinstance(received.fields.get("obj"), dict)
+        else {}
+    )
+    partial: list[str] = []
+    prompt = _sglang_texts(obj.get("text") if obj.get("text") is not None else first.get("text"),
+                           "prompt", partial)  # fmt: skip
+    out = fields.get("out")
+    outs = out if isinstance(out, list) else [out] if isinstance(out, dict) else []
+    answers = [_sglang_texts(o.get("text"), "output", partial) for o in outs if isinstance(o, dict)]
+    response = None
+    if outs and answers and all(isinstance(a, str) for a in answers):
+        body = [{"text": a} for a in answers]
+        response = body if isinstance(out, list) else body[0]
+    latency = field_at(outs[0] if outs else None, "meta_info.e2e_latency")
+    started = obj.get("received_time") or first.get("received_time")
+    if isinstance(started, int | float) and not isinstance(started, bool):
+        begin = float(started)
+        if isinstance(latency, int | float):
+            end = begin + float(latency)
+    elif received is not None:
+        begin = received.time
+    else:
+        begin = end - float(latency) if isinstance(latency, int | float) else end
+    headers = fields.get("headers") if isinstance(fields.get("headers"), dict) else {}
+    rid = fields.get("rid")
+    view = {**fields, "obj": obj or first}
+    note = None
+    if prompt is None or (finished is not None and response is None):
+        note = ("SGLang --log-requests-level 0 and 1 log no text, and the chat API's prompt is "
+                "logged as token ids until the Finish line: use level 3")  # fmt: skip
+    if finished is None:
+        note = (
+            "no Finish line: the request was aborted, or SGLANG_LOG_REQUEST_EXCEEDED_MS left it out"
+        )
+    return LoggedExchange(
+        time=begin,
+        end=max(end, begin),
+        path="/generate",
+        request={"text": prompt, "rid": rid} if prompt is not None else None,
+        response=response,
+        request_id=str(rid) if isinstance(rid, str | int) and rid else None,
+        tenant=source.tenant_from.pick(lambda f: field_at(view, f)),
+        tenant_missing=SGLANG_TENANT,
+        partial=partial,
+        headers={str(k): str(v) for k, v in headers.items()},
+        missing_note=note,
+    )
+
+
+def read_sglang(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
+    return _read_paired(source, on_skip, _sglang_step)
+
+
+def _sglang_step(
+    line: str, position: str, pairing: _Pairing, source: InputFile
+) -> tuple[float | None, list[LoggedExchange]]:
+    parsed = sglang_fields(line)
+    if parsed is None:
+        return None, []
+    event, when, fields = parsed
+    rid = str(fields.get("rid"))
+    if event == "received":
+        if when is None:
+            obj = fields.get("obj") or {}
+            when = obj.get("received_time") if isinstance(obj, dict) else None
+            when = float(when) if isinstance(when, int | float) else 0.0
+        pairing.add(rid, _Open(when, position, fields))
+        return when, []
+    received = pairing.take(rid)
+    end = when if when is not None else received.time if received else 0.0
+    return end, [sglang_exchange(fields, received, end, source)]
+
+
+# -- vLLM ------------------------------------------------------------------------------------
+
+
+class _VllmClock:
+    """vLLM's ``MM-DD HH:MM:SS`` times as epoch seconds: the year is the file's (its
+    modification time), the year before for dates after it."""
+
+    def __init__(self, source: InputFile) -> None:
+        try:
+            self.mtime = source.path.stat().st_mtime
+        except OSError:
+            self.mtime = time.time()
+        self.year = time.localtime(self.mtime).tm_year
+
+    def at(self, line: str, before: int) -> float | None:
+        m = _VLLM_TIME.search(line, 0, before)
+        if m is None:
+            return None
+        month, day, hh, mm, ss = (int(g) for g in m.groups()[:5])
+        fraction = float("0." + m.group(6)) if m.group(6) else 0.0
+        for year in (self.year, self.year - 1):
+            try:
+                stamp = time.mktime((year, month, day, hh, mm, ss, 0, 0, -1)) + fraction
+            except (OverflowError, ValueError):
+                return None
+            if stamp <= self.mtime + 86400 or year != self.year:
+                return stamp
+        return None
+
+
+def vllm_fields(rest: str) -> dict[str, Any]:
+    """``prompt: '...', params: SamplingParams(...), lora_request: None.`` -> by label."""
+    text = rest.rstrip()
+    fields, _ = pyrepr.parse_fields(text[:-1] if text.endswith(".") else text, 0, ":")
+    return fields
+
+
+def _vllm_cut(text: str, ids: Any, limit: int | None) -> bool:
+    """Did vLLM's ``--max-log-len`` cut ``text``? Exactly the given limit, or (no limit
+    given) cut to the same length as its token ids, which real text never is."""
+    if limit is not None:
+        return len(text) >= limit
+    return isinstance(ids, list) and len(ids) == len(text) >= 32
+
+
+def vllm_exchange(
+    request_id: str, opened: _Open | None, output: str | None, out_ids: Any, end: float,
+    source: InputFile,
+) -> LoggedExchange:  # fmt: skip
+    fields = opened.fields if opened else {}
+    prompt = fields.get("prompt")
+    prompt = prompt if isinstance(prompt, str) else None
+    limit = source.max_log_len
+    partial = []
+    if prompt is not None and _vllm_cut(prompt, fields.get("prompt_token_ids"), limit):
+        partial.append(f"prompt cut by the log (vLLM --max-log-len, {len(prompt)} characters kept)")
+    if output is not None and _vllm_cut(output, out_ids, limit):
+        partial.append(f"output cut by the log (vLLM --max-log-len, {len(output)} characters kept)")
+    view = {**fields, "request_id": request_id}
+    note = None
+    if prompt is None:
+        note = "no prompt line for this id (vLLM 0.11+ logs prompts at DEBUG level)"
+    elif output is None:
+        note = "vLLM logs outputs only with --enable-log-outputs"
+    begin = opened.time if opened else end
+    return LoggedExchange(
+        time=begin,
+        end=max(end, begin),
+        path="/v1/completions",
+        request={"prompt": prompt} if prompt is not None else None,
+        response={"choices": [{"index": 0, "text": output}]} if output is not None else None,
+        request_id=request_id,
+        tenant=source.tenant_from.pick(lambda f: field_at(view, f)),
+        tenant_missing=VLLM_TENANT,
+        partial=partial,
+        missing_note=note,
+    )
+
+
+def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
+    clock = _VllmClock(source)
+
+    def step(
+        line: str, position: str, pairing: _Pairing, src: InputFile
+    ) -> tuple[float | None, list[LoggedExchange]]:
+        m = _VLLM_LINE.search(line)
+        if m is None or (m.group("details") and m.group("sep") != " details:"):
+            return None, []
+        when = clock.at(line, m.start()) or 0.0
+        request_id = m.group("id")
+        fields = vllm_fields(line[m.end() :])
+        if not m.group("generated"):
+            opened = pairing.open.get(request_id)
+            if opened is None:
+                pairing.add(request_id, _Open(when, position, fields))
+            else:
+                opened.fields.update(fields)  # the DEBUG details line of the same request
+            return when, []
+        output = fields.get("output")
+        output = output if isinstance(output, str) else None
+        if m.group("stream") == "delta":
+            opened = pairing.open.get(request_id)
+            if opened is not None and output is not None:
+                opened.deltas.append(output)
+            return when, []
+        opened = pairing.take(request_id)
+        if (not output) and opened is not None and opened.deltas:
+            output = "".join(opened.deltas)
+        ids = fields.get("output_token_ids")
+        return when, [vllm_exchange(request_id, opened, output, ids, when, src)]
+
+    def unanswered(request_id: str, opened: _Open) -> LoggedExchange:
+        output = "".join(opened.deltas) if opened.deltas else None
+        return vllm_exchange(request_id, opened, output, None, opened.time, source)
+
+    return _read_paired(source, on_skip, step, unanswered)
+
+
+# -- both --------------------------------------------------------------------------------
+
+
+Step = Callable[[str, str, _Pairing, InputFile], tuple[float | None, list[LoggedExchange]]]
+
+
+def _read_paired(
+    source: InputFile,
+    on_skip: OnSkip,
+    step: Step,
+    unanswered: Callable[[str, _Open], LoggedExchange] | None = None,
+) -> Iterator[ExchangeRecord]:
+    """Lines -> ``step`` -> exchanges; requests whose second line never comes are
+    replayed without it (``unanswered``) once too many or too old, and at the end."""
+    pairing = _Pairing()
+    unanswered = unanswered or (
+        lambda rid, opened: sglang_exchange(None, opened, opened.time, source)
+    )
+
+    def emit(exchange: LoggedExchange, position: str, fallback: str) -> ExchangeRecord:
+        return exchange.record(position, source.name, fallback)
+
+    latest = float("-inf")
+    for number, start, raw in numbered_lines(source):
+        position = f"{source.name}:{number}"
+        try:
+            when, done = step(raw.decode("utf-8", "replace"), position, pairing, source)
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            on_skip(Skipped(source.name, number, start, bad_line(raw, e)))
+            continue
+        for exchange in done:
+            yield emit(exchange, position, f"{source.path.name}:{number}")
+        if when is not None:
+            latest = max(latest, when)
+            for rid, opened in pairing.expired(latest):
+                yield emit(unanswered(rid, opened), opened.position, opened.position)
+    for rid, opened in pairing.rest():
+        yield emit(unanswered(rid, opened), opened.position, opened.position)
