@@ -38,6 +38,13 @@ How:
    as written and uncompressed. Then ``crosstalk replay DIR`` is timed like step 2 and
    its findings compared with the live run's (victim request, source tenant and request,
    kind), with the state as it was when the run began.
+3b. *Log formats.* ``--format-exchanges`` exchanges of the workload (another seed) are
+   written as each log format ``crosstalk replay`` reads (``bench/log_writers.py``:
+   crosstalk's JSON lines, LiteLLM payloads, SGLang text and JSON request logs, vLLM
+   request logs with the tenant in the request id, OpenTelemetry GenAI spans). Each file is
+   read alone in this process (its reader, no engine: records/s) and replayed as in step
+   2 (the replay's own seconds): reading must be ``MIN_READ_RATIO`` times faster than the
+   replay, every record read, and the planted leaks found.
 4. *Caps.* Two engine structures grow with the distinct words of the input until a cap:
    the learned vocabulary of rare words and the unit-hash cache. Their RSS when full is
    measured in a fresh child process (``--measure-caps``): the bound of that growth.
@@ -48,8 +55,10 @@ extrapolated: every figure is measured in this run, on this machine.
     python bench/replay.py [--quick] [--sizes 64,256,1024] [--journal-requests 300]
                            [--workdir DIR] [--json out.json]
 
-``--quick`` (~20 s): sizes 4 and 16 MB, 80 journal requests. Exit status 0 when every
-replay ran (exit 0/1) and found leaks, 1 otherwise.
+``--quick`` (~1 min): sizes 4 and 16 MB, 80 journal requests, 1,200 exchanges per log
+format. Exit status 0 when every replay ran (exit 0/1) and found leaks and every log
+format was read whole at least ``MIN_READ_RATIO`` times faster than it replayed, 1
+otherwise.
 """
 
 from __future__ import annotations
@@ -78,11 +87,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from common import die_with_parent, free_port, stop_on_sigterm, stop_processes, wait_listening  # noqa: E402
+from log_writers import WRITERS, Logged, write_log  # noqa: E402
 
 from proxy.sim.answers import answer_for, prompt_seed  # noqa: E402
 from proxy.sim.faults import FaultInjector  # noqa: E402
 from proxy.sim.server import _Exchange, full_body, stream_events, stream_pieces  # noqa: E402
-from proxy.sim.workload import Workload  # noqa: E402
+from proxy.sim.workload import SimRequest, Workload  # noqa: E402
 
 HOST = "127.0.0.1"
 MB = 1_000_000
@@ -111,11 +121,23 @@ class Cut:
     generate_seconds: float
 
 
-def capture_lines(
+@dataclass
+class Generated:
+    """One exchange of the simulated workload, with its recorded times."""
+
+    req: SimRequest
+    answer: str
+    faulted: bool
+    start: float  # the request reached the proxy
+    first: float  # first byte of the response
+    end: float  # last byte
+
+
+def workload_exchanges(
     seed: int, tenants: int, leak_rate: float, rate: float
-) -> Iterator[tuple[bytes, str, bool, bool, float]]:
-    """Endless JSON lines of the simulated workload: (line, request id, streamed,
-    faulted, time)."""
+) -> Iterator[tuple[Generated, random.Random]]:
+    """Endless exchanges of the simulated workload (and the generator's random source,
+    for what is derived from each)."""
     rng = random.Random(seed)
     injector = FaultInjector(leak_rate, seed=seed)
     now = EPOCH
@@ -124,20 +146,30 @@ def capture_lines(
         prompt = req.prompt_text()
         answer, fault = injector.apply(req.tenant, req.request_id, prompt, answer_for(prompt))
         injector.remember(req.tenant, req.request_id, prompt, answer, private=req.last_user_text())
+        first = now + rng.uniform(0.05, 0.4)
+        end = first + len(answer.split()) / WORDS_PER_SECOND
+        yield Generated(req, answer, fault is not None, now, first, end), rng
+
+
+def capture_lines(
+    seed: int, tenants: int, leak_rate: float, rate: float
+) -> Iterator[tuple[bytes, str, bool, bool, float]]:
+    """Endless JSON lines of the simulated workload: (line, request id, streamed,
+    faulted, time)."""
+    for g, rng in workload_exchanges(seed, tenants, leak_rate, rate):
+        req, answer, now = g.req, g.answer, g.start
         kind = "chat" if req.endpoint == "chat" else "completions"
         ex = _Exchange(
-            kind, req.tenant, req.request_id, prompt, req.last_user_text(), req.stream,
+            kind, req.tenant, req.request_id, req.prompt_text(), req.last_user_text(), req.stream,
             False, [answer], ["stop"], frozenset(),
         )  # fmt: skip
         resp_id = (
             "chatcmpl-" if kind == "chat" else "cmpl-"
         ) + f"{prompt_seed(req.request_id):016x}"
-        first = now + rng.uniform(0.05, 0.4)
-        end = first + len(answer.split()) / WORDS_PER_SECOND
         line: dict[str, Any] = {
             "time": round(now, 6),
-            "response_time": round(first if req.stream else end, 6),
-            "end_time": round(end, 6),
+            "response_time": round(g.first if req.stream else g.end, 6),
+            "end_time": round(g.end, 6),
             "headers": {"X-Tenant-ID": req.tenant, "X-Request-ID": req.request_id},
             "path": req.path(),
             "request": req.body(MODEL),
@@ -148,7 +180,7 @@ def capture_lines(
             line["sse"] = b"".join(events).decode()
         else:
             line["response"] = full_body(ex, resp_id, int(now), MODEL)
-        yield orjson.dumps(line) + b"\n", req.request_id, req.stream, fault is not None, now
+        yield orjson.dumps(line) + b"\n", req.request_id, req.stream, g.faulted, now
 
 
 def write_capture(
@@ -417,6 +449,143 @@ def replay_ladder(args: argparse.Namespace, workdir: Path, config: Path) -> list
     return rows
 
 
+# --- step 2b: one row per log format ---------------------------------------------------------
+
+#: Reading must not be the bottleneck of a replay: a reader yields records at least this
+#: many times faster than the replay scans them (so it is at most 20% of the time).
+MIN_READ_RATIO = 5.0
+
+
+@dataclass
+class FormatRow:
+    format: str
+    bytes: int
+    exchanges: int
+    faults_injected: int
+    read_s: float  # the reader alone, in this process: every record, no engine
+    records_read: int
+    skipped: int
+    read_records_per_s: float
+    read_mb_per_s: float
+    replay_s: float | None  # the replay's own time (no process start)
+    replay_exchanges_per_s: float | None
+    read_to_replay: float | None  # how many times faster reading is than the replay
+    faulted_flagged: int
+    clean_flagged: int
+    returncode: int
+    error: str | None = None
+
+
+def time_reading(path: Path) -> tuple[float, int, int]:
+    """Every record of ``path`` through its reader: (seconds, records, skipped)."""
+    from proxy.forensics.readers import open_input, read_records
+
+    skipped = 0
+
+    def skip(_record: object) -> None:
+        nonlocal skipped
+        skipped += 1
+
+    started = time.perf_counter()
+    source = open_input(path)
+    try:
+        records = sum(1 for _ in read_records(source, skip))
+    finally:
+        source.close()
+    return time.perf_counter() - started, records, skipped
+
+
+def format_rows(args: argparse.Namespace, workdir: Path, config: Path) -> list[FormatRow]:
+    """The same exchanges of the workload written in each log format, read alone and
+    replayed: the reading rate against the replay's, and the planted leaks found."""
+    generated = [g for (g, _rng), _n in zip(
+        workload_exchanges(args.seed + 1, args.tenants, args.leak_rate, args.rate),
+        range(args.format_exchanges), strict=False,
+    )]  # fmt: skip
+    logged = [
+        Logged(g.req.tenant, g.req.request_id, g.req.messages, g.req.template, g.answer,
+               g.start, g.end)
+        for g in generated
+    ]  # fmt: skip
+    faulted = {g.req.request_id for g in generated if g.faulted}
+    print(f"log formats: {len(logged):,} exchanges, {len(faulted):,} faults injected", flush=True)
+    rows = []
+    for log_format, (writer, extra) in WRITERS.items():
+        path = workdir / f"log-{log_format}.log"
+        size = write_log(path, logged, writer)
+        read_s, records, skipped = time_reading(path)
+        name = f"format-{log_format}"
+        argv = replay_argv([path], config, workdir, name) + list(extra)
+        run = measure(argv, workdir, name, 120 + size / MB / MIN_MBPS)
+        summary = replay_summary(run.stderr)
+        flagged = {
+            e["request_id"].removeprefix("chatcmpl-")
+            for e in read_events(workdir / f"{name}.jsonl")
+            if e.get("event") == "leak.detected"
+        }
+        replay_s = summary.get("seconds")
+        replay_rate = len(logged) / replay_s if replay_s else None
+        read_rate = records / read_s if read_s > 0 else float("inf")
+        error = None
+        if run.returncode not in (0, 1) or not summary:
+            error = f"exit {run.returncode}: " + " | ".join(run.stderr.strip().splitlines()[-3:])
+        row = FormatRow(
+            format=log_format, bytes=size, exchanges=len(logged), faults_injected=len(faulted),
+            read_s=read_s, records_read=records, skipped=skipped,
+            read_records_per_s=read_rate, read_mb_per_s=size / MB / read_s,
+            replay_s=replay_s, replay_exchanges_per_s=replay_rate,
+            read_to_replay=read_rate / replay_rate if replay_rate else None,
+            faulted_flagged=len(flagged & faulted), clean_flagged=len(flagged - faulted),
+            returncode=run.returncode, error=error,
+        )  # fmt: skip
+        rows.append(row)
+        print(
+            f"  {log_format:>11}: {size / MB:6.1f} MB read in {read_s:5.2f} s ({read_rate:7,.0f} "
+            f"records/s), replayed in {fmt(replay_s, '.1f')} s "
+            f"({fmt(replay_rate, ',.0f')} exchanges/s): reading "
+            f"{fmt(row.read_to_replay, '.1f')}x faster; faulted/clean flagged "
+            f"{row.faulted_flagged}/{row.clean_flagged}" + (f"  ERROR {error}" if error else ""),
+            flush=True,
+        )
+        if not args.workdir:
+            path.unlink()
+    return rows
+
+
+def format_misses(rows: Sequence[FormatRow]) -> list[str]:
+    """What a format row missed: a replay error, a skipped record, no leak found, or
+    reading slower than MIN_READ_RATIO times the replay."""
+    misses = []
+    for r in rows:
+        if r.error:
+            misses.append(f"{r.format}: {r.error}")
+        if r.skipped or r.records_read != r.exchanges:
+            misses.append(
+                f"{r.format}: read {r.records_read} of {r.exchanges}, {r.skipped} skipped"
+            )
+        if r.faults_injected and not r.faulted_flagged:
+            misses.append(f"{r.format}: no planted leak found")
+        if r.read_to_replay is not None and r.read_to_replay < MIN_READ_RATIO:
+            misses.append(f"{r.format}: reading only {r.read_to_replay:.1f}x the replay's rate")
+    return misses
+
+
+def format_table(rows: Sequence[FormatRow]) -> str:
+    head = (
+        "| format | MB | exchanges | read records/s | read MB/s | replay exchanges/s "
+        "| reading vs replay | faulted exchanges flagged | clean exchanges flagged |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        lines.append(
+            f"| {r.format} | {r.bytes / MB:.1f} | {r.exchanges:,} | {r.read_records_per_s:,.0f} "
+            f"| {r.read_mb_per_s:.1f} | {fmt(r.replay_exchanges_per_s, ',.0f')} "
+            f"| {fmt(r.read_to_replay, '.1f')}x | {r.faulted_flagged:,} of "
+            f"{r.faults_injected:,} | {r.clean_flagged:,} |"
+        )
+    return "\n".join(lines)
+
+
 # --- step 3: the journal of a live run --------------------------------------------------------
 
 
@@ -673,6 +842,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", type=float, default=2.0, help="exchanges per recorded second")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-journal", action="store_true", help="skip the live journal run")
+    p.add_argument("--format-exchanges", type=int, help="exchanges per log format (default 6000)")
     p.add_argument("--workdir", metavar="DIR", help="keep the capture, logs and reports here")
     p.add_argument("--json", metavar="PATH", help="write every number here")
     p.add_argument("--measure-caps", action="store_true", help=argparse.SUPPRESS)
@@ -686,6 +856,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error("--sizes must be > 0")
     if args.journal_requests is None:
         args.journal_requests = 80 if args.quick else 300
+    if args.format_exchanges is None:
+        args.format_exchanges = 1200 if args.quick else 6000
     if args.rate <= 0 or args.tenants < 2 or args.journal_requests < 1:
         p.error("--rate must be > 0, --tenants >= 2, --journal-requests >= 1")
     return args
@@ -728,6 +900,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         try:
             rows = replay_ladder(args, workdir, config)
+            formats = format_rows(args, workdir, config)
             journal = None if args.no_journal else journal_run(args, workdir, run_config, config)
             caps = caps_in_child()
         except KeyboardInterrupt:
@@ -740,6 +913,11 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(ladder_table(rows))
+    print()
+    print(format_table(formats))
+    misses = format_misses(formats)
+    for miss in misses:
+        print(f"  ! {miss}")
     if journal is not None:
         print()
         print(journal_table(journal))
@@ -758,8 +936,10 @@ def main(argv: list[str] | None = None) -> int:
         f"commit {commit}; "
         f"load average at the end {os.getloadavg()[0]:.1f}. Run took {elapsed:.0f} s."
     )
-    ok = all(r.error is None and r.findings for r in rows) and (
-        journal is None or (journal.returncode in (0, 1) and journal.exchanges > 0)
+    ok = (
+        not misses
+        and all(r.error is None and r.findings for r in rows)
+        and (journal is None or (journal.returncode in (0, 1) and journal.exchanges > 0))
     )
     if args.json:
         doc = {
@@ -771,6 +951,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "commit": commit,
             "replay": [asdict(r) for r in rows],
+            "formats": [asdict(r) for r in formats],
             "journal": None if journal is None else asdict(journal),
             "caps": caps,
             "elapsed_s": elapsed,

@@ -33,6 +33,12 @@ _NAME = re.compile(r"[A-Za-z_][\w.]*")
 _INT_LIST = re.compile(r"\[\s*(?:-?\d+\s*(?:,\s*-?\d+\s*)*)?\]")
 _CUT = re.compile(r"\s+\.\.\.\s+")
 _WS = re.compile(r"\s*")
+_SPACE = " \t\r\n"
+#: ``name=value`` in a call; ``label: value`` (labels may hold spaces) in vLLM's lines.
+_LABELS = {
+    "=": re.compile(r"([A-Za-z_]\w*)\s*=(?!=)\s*"),
+    ":": re.compile(r"([A-Za-z_][\w ]*?)\s*:\s*"),
+}
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
 MAX_DEPTH = 64
 
@@ -111,7 +117,10 @@ class _Reader:
         self.s = text
 
     def _skip(self, i: int) -> int:
-        return _WS.match(self.s, i).end()  # type: ignore[union-attr]
+        s = self.s
+        if i < len(s) and s[i] not in _SPACE:
+            return i  # the usual case: no blank to skip
+        return _WS.match(s, i).end()  # type: ignore[union-attr]
 
     def value(self, i: int, depth: int) -> tuple[Any, int]:
         if depth > MAX_DEPTH:
@@ -130,7 +139,7 @@ class _Reader:
         if i >= len(s):
             raise ReprError("a value was expected at the end of the text")
         c = s[i]
-        if m := _STRING.match(s, i):
+        if (c in "'\"" or c in "rbuRBU") and (m := _STRING.match(s, i)):
             return string_value(m.group()), m.end()
         if c == "[" and (m := _INT_LIST.match(s, i)):
             return orjson.loads(m.group()), m.end()  # token ids: thousands at a time
@@ -139,7 +148,7 @@ class _Reader:
             return (items if c == "[" else tuple(items)), end
         if c == "{":
             return self._mapping(i + 1, depth)
-        if m := _NUMBER.match(s, i):
+        if (c.isdigit() or c in "-.in") and (m := _NUMBER.match(s, i)):
             number = m.group()
             return (float(number) if any(c in number for c in ".eEn") else int(number)), m.end()
         if m := _NAME.match(s, i):
@@ -179,7 +188,7 @@ class _Reader:
         self, i: int, separator: str, depth: int, *, positional: bool = False
     ) -> tuple[dict[str, Any], int]:
         s, out, n = self.s, {}, 0
-        label = re.compile(r"([A-Za-z_][\w ]*?)\s*" + re.escape(separator) + r"(?!=)\s*")
+        label = _LABELS[separator]
         while True:
             i = self._skip(i)
             if i >= len(s) and positional:
