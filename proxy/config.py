@@ -191,6 +191,16 @@ class LimitsSection:
     # LLM exchanges in flight at once; beyond, 429 with Retry-After (0: no limit).
     max_concurrent_exchanges: int = 0
     retry_after_seconds: int = 1
+    # Output characters of one exchange the detector scans (0: all). Beyond, the rest
+    # passes unscanned and the exchange line says so (scan_capped). 1,000,000 characters
+    # is ~250k tokens, far beyond any model's output limit today.
+    max_scanned_output_chars: int = 1_000_000
+    # A connection with no byte either way for this long is closed: a client that went
+    # quiet, an engine that hangs mid-generation (mitmproxy's tcp_timeout; its default).
+    idle_timeout_seconds: int = 600
+    # A request whose body took longer than this to arrive is refused with 408 and never
+    # goes upstream (a client trickling its body; 0: no limit).
+    max_request_seconds: float = 300.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,8 +343,13 @@ def validate(config: Config) -> Config:
         )
     _validate_policy(config.policy)
     lim = config.limits
-    if lim.max_request_bytes < 0 or lim.max_concurrent_exchanges < 0 or lim.retry_after_seconds < 1:
-        raise ConfigError("limits: sizes and counts must be >= 0, retry_after_seconds >= 1")
+    counts = (lim.max_request_bytes, lim.max_concurrent_exchanges, lim.max_scanned_output_chars,
+              lim.max_request_seconds)  # fmt: skip
+    if min(counts) < 0 or lim.retry_after_seconds < 1 or lim.idle_timeout_seconds < 1:
+        raise ConfigError(
+            "limits: sizes, counts and max_request_seconds must be >= 0, "
+            "retry_after_seconds and idle_timeout_seconds >= 1"
+        )
     tls = config.tls
     for name in ("certificate", "upstream_ca", "client_certificate"):
         path = getattr(tls, name)

@@ -156,6 +156,12 @@ class Sim:
         with urllib.request.urlopen(f"{self.url}/_sim/headers/{request_id}", timeout=10) as r:
             return json.loads(r.read())
 
+    def outcome(self, request_id: str) -> str:
+        """How the simulator's stream for ``request_id`` ended: ``complete``, or
+        ``aborted after N of M events`` (the proxy or the client went away)."""
+        with urllib.request.urlopen(f"{self.url}/_sim/outcome/{request_id}", timeout=10) as r:
+            return json.loads(r.read())["outcome"]
+
     def answer(self, request_id: str) -> str:
         """Choice 0's text as the simulator generated it, faults applied: the ground
         truth of what the engine meant to send, also when a proxy cut it short."""

@@ -1,13 +1,20 @@
-"""Limits at the door ([limits]), through a real mitmdump: a body over the size limit is
-413 and never reaches the engine; beyond the concurrency limit a request is 429 with
-Retry-After until an exchange in flight ends. Errors in the API's own format."""
+"""Limits ([limits]), through a real mitmdump: a body over the size limit is 413 and a
+body that trickles in too slowly 408, neither reaches the engine; beyond the concurrency
+limit a request is 429 with Retry-After until an exchange in flight ends; an engine that
+hangs mid-stream is cut off after the idle timeout; output past the scan limit passes
+unscanned (and enforce mode stops holding it back). Errors in the API's own format."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
+import socket
 import threading
 import time
 import urllib.error
 
+import httpx2
 import openai
 import pytest
 from conftest import run_mitmdump, run_sim, wait_for_events
@@ -89,3 +96,76 @@ def test_beyond_the_concurrency_limit_clients_are_told_to_retry(limited):
     )
     refused = [e for e in events if e["event"] == "limit.exceeded"]
     assert [e["status"] for e in refused] == [429]
+
+
+@pytest.fixture
+def timed(tmp_path):
+    cfg = tmp_path / "timed.toml"
+    cfg.write_text("[limits]\nmax_request_seconds = 1\nidle_timeout_seconds = 1\n")
+    with run_sim(tmp_path) as sim, run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p:
+        yield sim, p
+
+
+def test_a_body_that_trickles_in_is_408_and_never_reaches_the_engine(timed):
+    """Half the body, two seconds of nothing (longer than max_request_seconds, shorter
+    than the idle timeout would allow... it is 1 s too, so bytes keep coming), the rest."""
+    sim, proxy = timed
+    body = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": "hi " * 50}]}
+    ).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Request-ID: trickle\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as s:
+        s.sendall(head)
+        for i in range(0, len(body), 16):  # 16 bytes every 0.2 s: never idle for 1 s
+            s.sendall(body[i : i + 16])
+            time.sleep(0.2)
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    assert b" 408 " in status_line, reply[:300]
+    assert json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]["code"] == "request_timeout"
+    with pytest.raises(urllib.error.HTTPError):
+        sim.headers("trickle")
+
+
+def test_an_engine_that_hangs_mid_stream_is_cut_off(timed):
+    """The simulator stops half way for 30 s; one second of silence closes the
+    connection: the client's stream ends early (mitmproxy ends the chunked body, so the
+    SDK sees an end without ``[DONE]`` or an error), the engine sees the abort, and the
+    exchange is logged as cut short, with its error."""
+    sim, proxy = timed
+    with contextlib.suppress(openai.APIError, httpx2.HTTPError):
+        stream(proxy.url, "hung", **{"x-sim-misbehave": "stall"})
+    outcome = sim.outcome("hung")
+    m = re.fullmatch(r"aborted after (\d+) of (\d+) events", outcome)
+    assert m and int(m[1]) < int(m[2]), outcome
+    events = wait_for_events(
+        proxy.log, lambda ev: any(e.get("request_id") == "hung" for e in ev), timeout=30
+    )
+    (line,) = [e for e in events if e["event"] == "exchange" and e["request_id"] == "hung"]
+    assert line["truncated"] is True and line["error"]
+
+
+@pytest.mark.parametrize("mode", ["shadow", "enforce"])
+def test_output_past_the_scan_limit_passes_unscanned(tmp_path, mode):
+    """With 40 characters scanned at most, a long answer still arrives whole (enforce
+    mode stops holding it back at the limit), and its exchange line says it was capped."""
+    cfg = tmp_path / "capped.toml"
+    cfg.write_text(f'[proxy]\nmode = "{mode}"\n[limits]\nmax_scanned_output_chars = 40\n')
+    with run_sim(tmp_path) as sim, run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p:
+        chunks = client(p.url, "long").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Tell me a long story"}], stream=True
+        )
+        received = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert received == sim.answer("long") and len(received) > 40
+        events = wait_for_events(
+            p.log, lambda ev: any(e["event"] == "exchange" for e in ev), timeout=30
+        )
+    (line,) = [e for e in events if e["event"] == "exchange"]
+    assert line["scan_capped"] is True and line["output_chars"] == len(received)
+    assert line["verdict"] == "clean"

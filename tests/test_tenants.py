@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 
 import httpx2
 import openai
 import pytest
-from conftest import ROOT, run_mitmdump, run_sim, wait_for_events
+from conftest import ROOT, free_port, run_mitmdump, run_sim, wait_for_events
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.tenants import TenantRules, hash_key, identify
 
@@ -94,8 +96,26 @@ def gateway(tmp_path):
         '[tenants.api_keys]\n"sk-alpha" = "alpha"\n'
         f'"{hash_key("sk-beta")}" = "beta"\n'
     )
-    with run_sim(tmp_path) as sim, run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p:
-        yield sim, p
+    metrics = free_port()
+    with (
+        run_sim(tmp_path) as sim,
+        run_mitmdump(
+            tmp_path, sim.url, f"crosstalk_config={cfg}", f"crosstalk_metrics_port={metrics}"
+        ) as p,
+    ):
+        yield sim, p, metrics
+
+
+def untrusted_claims(port: int) -> float:
+    """``crosstalk_tenant_claims_untrusted_total`` from the admin port."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "crosstalk_tenant_claims_untrusted_total"
+    )
 
 
 SECRET_PROMPT = (
@@ -115,7 +135,7 @@ def test_a_victim_naming_the_source_tenant_still_gets_its_leak_found(gateway):
     """The spoof of the issue: the client that receives alpha's text also sends
     ``X-Tenant-ID: alpha``. From an untrusted peer the claim is ignored (and logged), the
     API key says beta, and the leak is a finding."""
-    sim, proxy = gateway
+    sim, proxy, metrics = gateway
     ask(client(proxy.url, "sk-alpha", **{"X-Request-ID": "source"}), SECRET_PROMPT)
     leak_into(proxy.url, "sk-beta", "source", **{"X-Tenant-ID": "alpha"})
     events = wait_for_events(
@@ -126,10 +146,11 @@ def test_a_victim_naming_the_source_tenant_still_gets_its_leak_found(gateway):
     assert untrusted[0]["peer"] == "127.0.0.1"
     found = [e for e in events if e["event"] == "leak.detected" and e["request_id"] == "victim"]
     assert found and found[0]["tenant"] == "beta" and found[0]["source_tenant"] == "alpha"
+    assert untrusted_claims(metrics) == 1  # counted for alerts, not only logged
 
 
 def test_trusted_gateway_claims_count_and_its_secret_never_goes_upstream(gateway):
-    sim, proxy = gateway
+    sim, proxy, metrics = gateway
     # From the trusted peer: the header names the tenant.
     ask(client(proxy.url, "sk-alpha", "127.0.0.2", **{"X-Tenant-ID": "acme",
                                                       "X-Request-ID": "from-peer"}), "hello")  # fmt: skip
@@ -143,6 +164,7 @@ def test_trusted_gateway_claims_count_and_its_secret_never_goes_upstream(gateway
     tenants = {e["request_id"]: e["tenant"] for e in events if e["event"] == "exchange"}
     assert tenants == {"from-peer": "acme", "with-secret": "initech"}
     assert not [e for e in events if e["event"] == "tenant.untrusted"]
+    assert untrusted_claims(metrics) == 0
     received = sim.headers("with-secret")
     assert received.get("x-tenant-id") == "initech"  # the claim itself passes through
     assert "x-crosstalk-gateway" not in received and SECRET not in str(received)
@@ -152,7 +174,7 @@ def test_one_key_rotating_fifty_names_cannot_make_a_victims_text_common(gateway)
     """Poisoning: commonness counts tenants. One credential sending 50 made-up tenant
     names from an untrusted peer stays one tenant, so the victim's text stays private
     and its leak is still found."""
-    sim, proxy = gateway
+    sim, proxy, metrics = gateway
     ask(client(proxy.url, "sk-alpha", **{"X-Request-ID": "source"}), SECRET_PROMPT)
     attacker = "sk-attacker-0123456789abcdef"
     for i in range(50):

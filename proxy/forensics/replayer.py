@@ -372,6 +372,12 @@ class Replayer:
                 monitor.on_body(body)
             else:
                 monitor.close()
+        if monitor.scan_capped and record.partial is None:
+            # Past limits.max_scanned_output_chars the live proxy scans nothing: neither
+            # does its replay, and the rest of the output was not looked at.
+            self.stats.partial += 1
+            seen.partial += 1
+            whole = False
         if monitor.detector_error is not None:
             self.stats.detector_errors += 1
             seen.detector_errors += 1
@@ -445,6 +451,7 @@ class Replayer:
             model=parsed.model if parsed else None,
             prompt_chars=len(parsed.prompt) if parsed else 0,
             scan_batch_chars=self.config.policy.shadow_batch_chars,
+            max_scan_chars=self.config.limits.max_scanned_output_chars,
         )
         if parsed is not None:
             try:

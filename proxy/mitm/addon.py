@@ -104,6 +104,8 @@ class CrossTalk:
             "failed_open": 0,
             "failed_closed": 0,
             "journal_errors": 0,
+            "scans_capped": 0,  # output past limits.max_scanned_output_chars, unscanned
+            "tenant_claims_untrusted": 0,  # tenant claims ignored (tenant.untrusted)
         }
         self._unknown_logged: set[str] = set()
         self.journal: JournalWriter | None = None
@@ -421,6 +423,8 @@ class CrossTalk:
                 parsed = route.parse_request(flow.request.get_content(strict=False) or b"")
             identity = identify(self.rules, headers, parsed and parsed.user, trusted=trusted)
         tenant = identity.tenant
+        if identity.ignored:
+            self.counters["tenant_claims_untrusted"] += 1
         if identity.ignored and self.mirror is None:  # else the detector process logs it
             self.log.warning(
                 "tenant.untrusted",
@@ -459,6 +463,7 @@ class CrossTalk:
             prompt_chars=len(parsed.prompt) if parsed else 0,
             scan_batch_chars=self.config.policy.shadow_batch_chars,
             learning=learning,
+            max_scan_chars=self.config.limits.max_scanned_output_chars,
         )
         flow.metadata[METADATA_KEY] = monitor
         if self.mirror is not None:
@@ -658,6 +663,9 @@ class CrossTalk:
             fields["error"] = error
         if monitor.truncated:
             fields["truncated"] = True
+        if monitor.scan_capped:
+            self.counters["scans_capped"] += 1
+            fields["scan_capped"] = True  # the output past max_scanned_output_chars
         if monitor.upstream_error:
             fields["upstream_error"] = str(monitor.upstream_error.get("message", ""))[:200]
         self._exchange_line(flow, monitor, status, monitor.verdict, **fields)

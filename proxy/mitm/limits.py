@@ -2,7 +2,12 @@
 
 * a request body larger than ``max_request_bytes``: 413, nothing goes upstream;
 * more than ``max_concurrent_exchanges`` LLM exchanges in flight: 429 with
-  ``Retry-After``, so a client backs off instead of a proxy that queues without bound.
+  ``Retry-After``, so a client backs off instead of a proxy that queues without bound;
+* a request body that took longer than ``max_request_seconds`` to arrive: 408;
+* a connection idle for ``idle_timeout_seconds`` either way (a client gone quiet, an
+  engine hung mid-stream) is closed: mitmproxy's ``tcp_timeout``, set from the config
+  when the proxy starts. (Output past ``max_scanned_output_chars`` passes unscanned: the
+  exchange monitor's limit.)
 
 Only LLM calls are limited (other paths pass untouched, as always), and only where
 clients connect: the detector process's copies are never refused.
@@ -10,7 +15,7 @@ clients connect: the detector process's copies are never refused.
 
 from __future__ import annotations
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
 from proxy.mitm.flowstate import crosstalk_addon
 from proxy.protocols import route_for
@@ -19,10 +24,15 @@ COUNTED_KEY = "crosstalk.limits.in_flight"
 
 
 class CrossTalkLimits:
-    """Request size and concurrency limits; ``limit.exceeded`` in the event log."""
+    """Request size, time and concurrency limits; ``limit.exceeded`` in the event log."""
 
     def __init__(self) -> None:
         self.in_flight = 0
+
+    def running(self) -> None:
+        crosstalk = crosstalk_addon()
+        if crosstalk is not None and not crosstalk.inline:
+            ctx.options.update(tcp_timeout=crosstalk.config.limits.idle_timeout_seconds)
 
     def request(self, flow: http.HTTPFlow) -> None:
         crosstalk = crosstalk_addon()
@@ -37,6 +47,12 @@ class CrossTalkLimits:
             self._refuse(flow, route, 413, "request_too_large",
                          f"request body of {size} bytes is over the limit of "
                          f"{limits.max_request_bytes}")  # fmt: skip
+            return
+        took = (flow.request.timestamp_end or 0) - flow.request.timestamp_start
+        if limits.max_request_seconds and took > limits.max_request_seconds:
+            self._refuse(flow, route, 408, "request_timeout",
+                         f"the request body took {took:.0f} s to arrive, the limit is "
+                         f"{limits.max_request_seconds:g} s")  # fmt: skip
             return
         if limits.max_concurrent_exchanges and self.in_flight >= limits.max_concurrent_exchanges:
             self._refuse(flow, route, 429, "too_many_requests",

@@ -132,6 +132,11 @@ class ExchangeMonitor:
     # delta). Nothing waits on a shadow verdict, and the engine's cost is mostly per
     # call: batching a few words cuts the CPU it takes from mitmproxy's event loop.
     scan_batch_chars: int = 0
+    # Output characters scanned at most (0: all; ``limits.max_scanned_output_chars``).
+    # Beyond, the rest passes unscanned (``scan_capped``): an endless or huge answer
+    # never costs more CPU than this, and enforce mode stops holding it back.
+    max_scan_chars: int = 0
+    scan_capped: bool = False
     # records the prompt (sets scan); a generator function when it runs in steps
     pending_observe: Callable[[], Generator[None, None, None] | None] | None = None
     # Shadow: where the work on the stream goes, ``defer(fn, *args)``, to run later in
@@ -298,6 +303,11 @@ class ExchangeMonitor:
             self._unscanned.popleft()
             if self.blocked_by is not None:
                 return []
+            if self.scan_capped:  # scanned all it may: the rest is not held back
+                if not chunk:
+                    self._sse.close()
+                    self._end_of_stream()
+                return self._release_all()
         if chunk:
             return self._gate.release()
         self._sse.close()
@@ -317,6 +327,11 @@ class ExchangeMonitor:
         byte received so far, in order, and pass the rest through unscanned."""
         if self._must_fail_closed():
             return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
+        return self._release_all()
+
+    def _release_all(self) -> list[bytes]:
+        """Stop gating: every byte held or received so far, in order; later chunks
+        pass at once (the shadow path, which still parses them)."""
         drained = [*self._gate.flush(), *self._unscanned, self._framer.close()]
         self._unscanned.clear()
         self._gate = None
@@ -386,13 +401,24 @@ class ExchangeMonitor:
                 self.on_delta(delta.choice, delta.text)
             if self.scan is None and self.pending_observe is None:
                 continue  # no prompt to scan against (unparsed request, failed observe)
+            text = self._within_cap(delta.text)
+            if not text:
+                continue
             if self.scan_batch_chars and self.enforcement is None:
-                self._batched.setdefault(delta.choice, []).append(delta.text)
-                self._batched_chars += len(delta.text)
+                self._batched.setdefault(delta.choice, []).append(text)
+                self._batched_chars += len(text)
                 if self._batched_chars >= self.scan_batch_chars:
                     self._feed_batched()
             elif self.scan is not None:
-                self._scan(self.scan.feed, delta.text, delta.choice)
+                self._scan(self.scan.feed, text, delta.choice)
+
+    def _within_cap(self, text: str) -> str:
+        """The part of a delta (already counted in ``output_chars``) that is still
+        within ``max_scan_chars``; past it, nothing, and the exchange is capped."""
+        if not self.max_scan_chars or self.output_chars <= self.max_scan_chars:
+            return text
+        self.scan_capped = True
+        return text[: max(0, len(text) - (self.output_chars - self.max_scan_chars))]
 
     def _feed_batched(self) -> None:
         batched, self._batched, self._batched_chars = self._batched, {}, 0

@@ -45,10 +45,11 @@ from proxy.sim.answers import (
 from proxy.sim.faults import FAULT_KINDS, FaultInjector
 from proxy.sim.templates import unrender
 
-MISBEHAVIOURS = ("nonjson", "truncate", "error-event", "gzip", "status500", "slow")
+MISBEHAVIOURS = ("nonjson", "truncate", "error-event", "gzip", "status500", "slow", "stall")
 # Misbehaviours after which the answer does not reach the client in full.
 UNDELIVERED = frozenset({"nonjson", "truncate", "error-event", "status500"})
 SLOW_CHUNK_DELAY = 0.2  # seconds per chunk under `x-sim-misbehave: slow`
+STALL_SECONDS = 30.0  # `x-sim-misbehave: stall`: silence half way through a stream
 MAX_CHOICES = 16
 SENT_RECORDS = 4096
 SPLIT_WORD_PROBABILITY = 0.3  # share of stream pieces cut mid-word when split_words is on
@@ -587,9 +588,12 @@ async def _stream(
         error_event = native.error_event if native is not None else OPENAI_ERROR_EVENT
         events = events[:cut] + [error_event]
     truncate_at = len(events) // 2 if "truncate" in ex.misbehave else None
+    stall_at = len(events) // 2 if "stall" in ex.misbehave else None
     i = -1
     try:
         async for i, event in _paced(events, delay):
+            if i == stall_at:
+                await _stall(request)  # an engine that hangs mid-generation
             if truncate_at is not None and i == truncate_at:
                 await _write(resp, event[: max(1, len(event) // 2)], compressor, state, ex)
                 # Stop mid-event and drop the connection: no terminating chunk, no [DONE].
@@ -608,6 +612,14 @@ async def _stream(
         state.outcomes[ex.request_id] = f"aborted after {i + 1} of {len(events)} events"
         ex.generated = generated_prefix(pieces, written=i, lead=lead)
     return resp
+
+
+async def _stall(request: web.Request) -> None:
+    """Silence for STALL_SECONDS, or until the peer goes away (then as a write fails)."""
+    for _ in range(int(STALL_SECONDS / 0.1)):
+        if request.transport is None or request.transport.is_closing():
+            raise ConnectionResetError("the peer went away during the stall")
+        await asyncio.sleep(0.1)
 
 
 def generated_prefix(pieces: list[list[str]], *, written: int, lead: int) -> str:
