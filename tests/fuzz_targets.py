@@ -118,6 +118,53 @@ REPR_TEXT = st.one_of(
 )
 
 
+def _capture_samples() -> tuple[bytes, bytes]:
+    """A small mitmproxy flow file and a HAR of the same exchanges (mitmproxy's own
+    writer and HAR exporter), for the flow and HAR readers' mutations."""
+    import io
+
+    from mitmproxy.addons.savehar import SaveHar
+    from mitmproxy.io import FlowWriter
+    from mitmproxy.test import tflow
+
+    flows = []
+    for n, streamed in enumerate((False, True, False)):
+        flow = tflow.tflow(resp=True)
+        flow.request.path = "/v1/chat/completions"
+        flow.request.headers["x-tenant-id"] = f"t{n}"
+        flow.request.content = json.dumps(
+            {"messages": [{"role": "user", "content": "hi"}]}
+        ).encode()
+        if streamed:
+            flow.response.headers["content-type"] = "text/event-stream"
+            flow.response.content = (
+                b'data: {"choices":[{"delta":{"content":"yo"}}]}\n\ndata: [DONE]\n\n'
+            )
+        else:
+            flow.response.content = b'{"choices":[{"message":{"content":"hello"}}]}'
+        flows.append(flow)
+    out = io.BytesIO()
+    writer = FlowWriter(out)
+    for flow in flows:
+        writer.add(flow)
+    return out.getvalue(), json.dumps(SaveHar().make_har(flows), indent=1).encode()
+
+
+_FLOWS, _HAR = _capture_samples()
+
+
+def _mutated_bytes(sample: bytes) -> st.SearchStrategy[bytes]:
+    """A whole sample file cut short, with bytes overwritten or spliced in."""
+    at = st.integers(0, len(sample))
+    return st.one_of(
+        at.map(lambda n: sample[:n]),
+        st.tuples(at, st.binary(min_size=1, max_size=8)).map(
+            lambda t: sample[: t[0]] + t[1] + sample[t[0] + len(t[1]) :]
+        ),
+        st.tuples(at, st.binary(max_size=30)).map(lambda t: sample[: t[0]] + t[1] + sample[t[0] :]),
+    )
+
+
 def _mutated_lines(fmt: str) -> st.SearchStrategy[bytes]:
     """Real lines of a sample, cut short, spliced with junk or repr soup, reordered."""
     line = st.sampled_from(_SAMPLE_LINES[fmt])
@@ -227,6 +274,8 @@ TARGETS: tuple[Target, ...] = (
         lambda obj: litellm_record(obj, "f:1", "f:1"),
         (ValueError, KeyError, TypeError),
     ),  # fmt: skip
+    Target("flows_reader", _mutated_bytes(_FLOWS), _read_file("flows")),
+    Target("har_reader", _mutated_bytes(_HAR), _read_file("har")),
     Target("pyrepr", REPR_TEXT, pyrepr.parse, (ValueError,)),
     Target("sglang_reader", _mutated_lines("sglang"), _read_file("sglang")),
     Target("sglang_json_reader", _mutated_lines("sglang-json"), _read_file("sglang")),
