@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import dataclasses
 import secrets
+import signal
 import sys
 import time
 from collections.abc import Generator
@@ -301,6 +302,10 @@ class CrossTalk:
 
     async def running(self) -> None:
         self._running = True
+        if not self.inline:  # the detector process reloads on the proxy's "reload" frame
+            # SIGHUP reloads under mitmdump as under ``crosstalk run`` (the same addon).
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
         if self.detector_wanted and self.detector is None:
             await self._start_detector()
         if self.index is not None:
@@ -308,6 +313,9 @@ class CrossTalk:
 
     def done(self) -> None:
         self._running = False
+        if not self.inline:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         self._stop_detector()
         self.idle.drain()
         self._save_state()

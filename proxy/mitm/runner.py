@@ -135,7 +135,6 @@ async def serve(request: RunRequest) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, master.shutdown)
-    loop.add_signal_handler(signal.SIGHUP, crosstalk.reload)  # policy, tenants, baselines
     master.addons.add(
         _ReadyBanner(
             ready_banner(proxy_url, upstream, sim_runner is not None, cfg.proxy), crosstalk
