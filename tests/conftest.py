@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,11 +204,17 @@ def run_sim(tmp: Path, *args: str) -> Iterator[Sim]:
 
 
 @contextlib.contextmanager
-def run_mitmdump(tmp: Path, upstream: str, *sets: str) -> Iterator[Proxy]:
+def run_mitmdump(
+    tmp: Path, upstream: str, *sets: str, scripts: Sequence[Path] = ()
+) -> Iterator[Proxy]:
+    """mitmdump with crosstalk's addon script (then ``scripts``, the user's own addons),
+    in reverse mode in front of ``upstream``; ``sets`` are ``--set name=value``."""
+
     def command(port: int) -> list[str]:
         cmd = [
             str(MITMDUMP), "-q",
             "-s", str(ROOT / "addons" / "crosstalk.py"),
+            *(arg for script in scripts for arg in ("-s", str(script))),
             "--mode", f"reverse:{upstream}",
             "--listen-host", "127.0.0.1", "-p", str(port),
             "--set", f"confdir={tmp / 'mitmproxy-conf'}",

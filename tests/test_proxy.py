@@ -310,6 +310,37 @@ def test_upstream_down_gives_openai_format_502(tmp_path):
         assert [e["status"] for e in events if e["event"] == "exchange"] == [502]
 
 
+BROKEN_ADDON = """
+class Broken:
+    def responseheaders(self, flow):
+        raise RuntimeError("a bug, with a prompt in its message: Project Marlowe")
+
+
+addons = [Broken()]
+"""
+
+
+def test_an_addon_that_raises_is_in_crosstalks_log_and_traffic_flows(tmp_path, sim):
+    """A hook that raises: mitmproxy logs it to its own log and passes the flow on. The
+    operator reading crosstalk's log sees ``addon.failed`` (type, hook, file and line,
+    never the message, which may quote a prompt), and the client gets its answer."""
+    script = tmp_path / "broken.py"
+    script.write_text(BROKEN_ADDON)
+    with run_mitmdump(tmp_path, sim.url, scripts=[script]) as proxy:
+        answer = client(proxy.url, "t1").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "still there?"}]
+        )
+        assert answer.choices[0].message.content
+        events = wait_for_events(
+            proxy.log, lambda ev: any(e["event"] == "addon.failed" for e in ev)
+        )
+    (failed,) = [e for e in events if e["event"] == "addon.failed"]
+    assert failed["error"] == "RuntimeError" and failed["hook"] == "responseheaders"
+    assert failed["addon"] == "broken.py" and failed["where"].startswith("broken.py:")
+    assert failed["action"] == "failed_open"
+    assert "Marlowe" not in proxy.log.read_text()
+
+
 def test_crosstalk_run_with_builtin_simulator_stops_cleanly_on_sigterm(tmp_path):
     port, log = free_port(), tmp_path / "run.jsonl"
     proc = subprocess.Popen(

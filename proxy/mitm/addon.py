@@ -31,6 +31,7 @@ from proxy.engine import Engine, Finding
 from proxy.engine.baseline import Baseline, BaselineError
 from proxy.engine.records import Record
 from proxy.eventlog import make_logger
+from proxy.mitm import addon_errors
 from proxy.mitm import error_pages as mitm_errors
 from proxy.mitm.detector_process import DetectorProcess, FlowMirror
 from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
@@ -107,6 +108,7 @@ class CrossTalk:
             "journal_errors": 0,
             "scans_capped": 0,  # output past limits.max_scanned_output_chars, unscanned
             "tenant_claims_untrusted": 0,  # tenant claims ignored (tenant.untrusted)
+            "addon_errors": 0,  # hooks that raised: mitmproxy passed the flow on (addon.failed)
         }
         self._unknown_logged: set[str] = set()
         self.journal: JournalWriter | None = None
@@ -150,6 +152,7 @@ class CrossTalk:
         self.log = make_logger(
             cfg.proxy.log_file or None, cfg.proxy.log_level, cfg.proxy.log_format
         )
+        addon_errors.install(addon_errors.AddonFailures(lambda: self.log, self._count_addon_error))
         self.rules = factory.tenant_rules(cfg, bytes.fromhex(key))
         self._stop_detector()
         self.detector_wanted = cfg.detector_process() and not self.inline
@@ -311,8 +314,12 @@ class CrossTalk:
         if self.index is not None:
             self.index.start()
 
+    def _count_addon_error(self) -> None:
+        self.counters["addon_errors"] += 1
+
     def done(self) -> None:
         self._running = False
+        addon_errors.uninstall()
         if not self.inline:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
