@@ -300,3 +300,31 @@ def test_every_engine_parameter_in_the_config_reaches_the_engine():
         None, **{f"detection__{k}": v for k, v in overrides.items()}
     ).engine_config()
     assert {k: getattr(engine_config, k) for k in overrides} == overrides
+
+
+def capped(engine: Engine, rid: str, cap: int) -> ExchangeMonitor:
+    m = monitor(engine, "B", rid, "weather?", holdback_words=16)
+    m.max_scan_chars = cap
+    return m
+
+
+@pytest.mark.parametrize("size", [1, 13, 100_000])
+def test_the_scan_cap_never_lets_a_found_leak_through(engine, size):
+    """Past ``max_scan_chars`` enforce mode stops holding words back, but first checks
+    the words it holds: wherever the cap falls, a stream is either blocked before any
+    leaked word went out, or passed byte for byte with every character counted."""
+    lead = "Here is the summary you asked for about the weather today".split()  # noqa: SIM905
+    words = lead + PRIVATE.split() + ["and", "more", "text", "follows", "here"]
+    data, text = sse_stream(words), " ".join(words) + " "
+    outcomes = set()
+    for cap in range(40, 160, 3):
+        m = capped(engine, f"b-{size}-{cap}", cap)
+        out = feed(m, data, size)
+        if m.verdict == "blocked":
+            assert b"Bellwether" not in out and b"77120" not in out, cap
+            assert out.count(b'"cross_tenant_leak"') == 1
+        else:
+            assert out == data and m.output_chars == len(text) and not m.truncated, cap
+            assert m.scan_capped
+        outcomes.add(m.verdict)
+    assert outcomes == {"blocked", "clean"}  # caps before the leak let it pass, unscanned

@@ -303,16 +303,37 @@ class ExchangeMonitor:
             self._unscanned.popleft()
             if self.blocked_by is not None:
                 return []
-            if self.scan_capped:  # scanned all it may: the rest is not held back
-                if not chunk:
-                    self._sse.close()
-                    self._end_of_stream()
-                return self._release_all()
+            if self.scan_capped:
+                return self._stop_gating(ended=not chunk)
         if chunk:
             return self._gate.release()
         self._sse.close()
         self._end_of_stream()
         return [] if self.blocked_by is not None else self._gate.flush()
+
+    def _stop_gating(self, *, ended: bool) -> list[bytes]:
+        """The scan reached ``max_scan_chars``: the words held back are checked to the
+        end of what was scanned (the scan's finish; a leak there is still cut), then
+        everything passes. The rest of the stream is still parsed (its counts, model
+        and errors) but not scanned."""
+        if self.scan is not None and not self.scan.finished:
+            self._scan(self.scan.finish)
+        if self.blocked_by is not None:
+            return []  # on_chunk appends the cut
+        out = [*self._gate.flush(), *self._unscanned]
+        for raw in self._unscanned:  # whole events not parsed yet
+            for event in self._sse.feed(raw):
+                self._deliver(self._parser.feed(event))
+        self._unscanned.clear()
+        if tail := self._framer.close():  # part of an event: the SSE decoder keeps it
+            self._sse.feed(tail)
+            out.append(tail)
+        self._gate = None  # later chunks take the shadow path: parsed, passed at once
+        if ended:
+            for event in self._sse.close():
+                self._deliver(self._parser.feed(event))
+            self._end_of_stream()
+        return out
 
     def _scanned_words(self) -> float:
         return self.scan.output_words if self.scan is not None else 0.0
