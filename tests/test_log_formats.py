@@ -253,3 +253,69 @@ def test_repr_reader_values_cuts_and_opaque_fields():
 def test_repr_reader_rejects_broken_text_with_a_value_error(text):
     with pytest.raises(ValueError):
         pyrepr.parse(text)
+
+
+# -- hostile and broken logs (found in review) ---------------------------------------------
+
+
+def test_text_inside_a_prompt_cannot_choose_the_reader(tmp_path):
+    """A JSON-lines capture whose first prompt quotes an SGLang log line is still JSON
+    lines; a marker counts only at the start of a log line."""
+    line = {"time": 1000.0, "tenant": "t", "path": "/v1/chat/completions",
+            "request": {"messages": [{"role": "user", "content":
+                        "[2026-05-04 10:15:02] Finish: obj=GenerateReqInput(rid='x')"}]},
+            "response": {"choices": [{"message": {"content": "ok"}}]}}  # fmt: skip
+    path = tmp_path / "capture.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    status, _, report = replay(tmp_path, str(path))
+    assert status == 0 and report["summary"]["per_input"][0]["format"] == "jsonl"
+
+
+def test_a_trace_export_named_jsonl_with_a_long_first_line_is_otel(tmp_path):
+    line = json.loads((DATA / "otel-genai-traces.jsonl").read_text().splitlines()[0])
+    spans = line["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans += [dict(spans[0], spanId=f"{i:016x}") for i in range(200)]  # > 64 KB on one line
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    assert len(path.read_bytes()) > 65536
+    status, _, report = replay(tmp_path, str(path))
+    assert report["summary"]["per_input"][0]["format"] == "otel"
+    assert report["summary"]["exchanges"] == 201
+
+
+def test_odd_values_skip_their_record_and_the_replay_goes_on(tmp_path):
+    """A lone surrogate in a logged string is read (as U+FFFD); a time of 400 digits,
+    an OTel span without a start, a Finish line cut short each cost their own record,
+    said with its place; the rest is replayed."""
+    vllm = (DATA / "vllm-requests.log").read_text().splitlines()
+    vllm[0] = vllm[0].replace("Draft a two-line", r"Draft \ud800 a two-line")  # a repr escape
+    vllm_path = tmp_path / "vllm.log"
+    vllm_path.write_text("\n".join(vllm) + "\n")
+    sglang = (DATA / "sglang-requests.log").read_text().splitlines()
+    sglang[1] = sglang[1].replace("received_time=", "received_time=" + "9" * 400 + "+")
+    sglang[-1] = sglang[-1][: len(sglang[-1]) // 2]  # the last Finish line, cut short
+    sglang_path = tmp_path / "sglang.log"
+    sglang_path.write_text("\n".join(sglang) + "\n")
+    otel = json.loads((DATA / "otel-genai-traces.jsonl").read_text().splitlines()[0])
+    spans = otel["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    spans.append({k: v for k, v in spans[0].items() if k != "startTimeUnixNano"})
+    otel_path = tmp_path / "otel.jsonl"
+    otel_path.write_text(json.dumps(otel) + "\n")
+    status, events, report = replay(
+        tmp_path, str(vllm_path), str(sglang_path), str(otel_path),
+        "--tenant-from", "request_id", "--tenant-pattern", "^chatcmpl-([a-z]+)-",
+    )  # fmt: skip
+    skipped = [e for e in events if e["event"] == "replay.skipped"]
+    where = sorted((Path(e["path"]).name, e["record"]) for e in skipped)
+    assert where == [("otel.jsonl", 1), ("sglang.log", 2), ("sglang.log", len(sglang))], where
+    per = {Path(r["input"]).name: r["exchanges"] for r in report["summary"]["per_input"]}
+    assert per["vllm.log"] == 4 and per["otel.jsonl"] == 1
+    assert status == 1 and report["summary"]["skipped"] == 3  # vLLM's leak is still found
+
+
+def test_an_input_with_no_exchange_is_not_clean(tmp_path, capsys):
+    """Read with the wrong --format, a file yields nothing: that is never "clean"."""
+    status, _, report = replay(tmp_path, str(DATA / "sglang-requests.log"), "--format", "vllm")
+    assert status == 3
+    assert report["summary"]["per_input"][0]["exchanges"] == 0
+    assert "no LLM exchange" in capsys.readouterr().err

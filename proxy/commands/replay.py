@@ -2,7 +2,8 @@
 
 Exit status: 0 no leak found and every exchange scanned whole, 1 leaks found, 2 unusable
 arguments or unreadable input, 3 no leak found but not all of the traffic could be looked
-at: bodies missing from the input, text the input cut, an input that names no tenant.
+at: bodies missing from the input, text the input cut, an input that names no tenant, a
+record that could not be read, an input with no LLM exchange in it.
 The work is in ``proxy.forensics.job`` (job), ``proxy.forensics.replayer`` (driver), ``proxy.forensics.readers``
 (formats) and ``proxy.forensics.report``.
 """
@@ -141,8 +142,12 @@ def main(args: argparse.Namespace) -> int:
             (s.unrecorded, "bodies the input does not hold (a capture made with "
              "stream_large_bodies, a log that keeps no text)"),
             (s.detector_errors, "exchanges the detector could not scan"),
-            (s.partial, "text the input cut (a log's length limit)"),
+            (s.partial, "text cut by the input (a log's length limit) or past "
+             "limits.max_scanned_output_chars"),
             (s.untenanted, "exchanges without a tenant (give --tenant-from FIELD)"),
+            (outcome.skipped, "records that could not be read (replay.skipped)"),
+            (len(outcome.empty_inputs), "inputs with no LLM exchange in them, not even a "
+             "broken one (is the format right? --format): " + ", ".join(outcome.empty_inputs)),
         )
         if count
     ]  # fmt: skip

@@ -43,6 +43,7 @@ import orjson
 
 from proxy.forensics import pyrepr
 from proxy.forensics.inputs import (
+    RECORD_ERRORS,
     InputFile,
     LoggedExchange,
     OnSkip,
@@ -51,13 +52,15 @@ from proxy.forensics.inputs import (
     epoch,
     field_at,
     numbered_lines,
+    reason,
+    seconds,
 )
 from proxy.forensics.replayer import ExchangeRecord
 
 #: Requests whose second line has not come: given up on (replayed without it) once this
 #: many are open, or once the log is this many seconds past them.
 PENDING_MAX = 10_000
-PENDING_SECONDS = 900.0
+PENDING_SECONDS = 3600.0
 SGLANG_CUT_HALF = 1024  # --log-requests-level 2 keeps this much of each end
 
 _SGLANG_LINE = re.compile(r"\b(Receive|Finish): obj=")
@@ -68,9 +71,16 @@ _VLLM_LINE = re.compile(
     r"\b(?:(?P<received>Received request)|(?P<details>Request)|(?P<generated>Generated response))"
     r" (?P<id>\S+?)(?: \(streaming (?P<stream>delta|complete)\))?(?P<sep>:| details:) "
 )
-SNIFF_SGLANG = re.compile(rb"\b(?:Receive|Finish): obj=[A-Za-z]+\(|" + _SGLANG_JSON.pattern)
+#: A file is one of these logs when a line starts (after the logger's prefix) with the
+#: marker: anchored, so a prompt quoting a marker in another format cannot steer it.
+SNIFF_SGLANG = re.compile(
+    rb"(?m)^(?:\[[^\]\n]{1,80}\] ?)?(?:(?:Receive|Finish): obj=[A-Za-z]+\("
+    rb'|\{"timestamp"[^\n]{0,200}?"event": ?"request\.(?:received|finished)")'
+)
 SNIFF_VLLM = re.compile(
-    rb"\b(?:Received request \S+: (?:prompt|params):|Generated response \S+: output:)"
+    rb"(?m)^(?:\(\w+ pid=\d+\) )?(?:INFO|DEBUG|WARNING) \d\d-\d\d \d\d:\d\d:\d\d[^\n]{0,80}?\] "
+    rb"(?:Received request \S+: (?:prompt|params):|Generated response \S+: output:"
+    rb"|Request \S+ details:)"
 )
 
 SGLANG_TENANT = (
@@ -125,15 +135,26 @@ def local_time(text: str) -> float:
 # -- SGLang ----------------------------------------------------------------------------------
 
 
+def _marker(pattern: re.Pattern[str], line: str) -> re.Match[str] | None:
+    """The log marker of ``line``, where the logger put it: before any quoted text (a
+    marker inside a prompt is the prompt's)."""
+    m = pattern.search(line)
+    if m is None or "'" in line[: m.start()] or '"' in line[: m.start()]:
+        return None
+    return m
+
+
 def sglang_fields(line: str) -> tuple[str, float | None, dict[str, Any]] | None:
     """``(event, line time, {"obj", "headers", "out", "rid"})`` of one SGLang request-log
     line, or None when the line is not one. Raises ValueError on a broken one."""
-    if (m := _SGLANG_LINE.search(line)) is not None:
+    if (m := _marker(_SGLANG_LINE, line)) is not None:
         stamp = _LOG_TIME.search(line, 0, m.start())
         fields, _ = pyrepr.parse_fields(line.rstrip(), m.end() - len("obj="), "=")
         obj = fields.get("obj")
         if not isinstance(obj, dict):
             raise ValueError("obj is not a GenerateReqInput")
+        if "out" in fields and not isinstance(fields["out"], dict | list):
+            raise ValueError("out is not a dict: the line is cut short?")
         fields["rid"] = obj.get("rid")
         event = "received" if m.group(1) == "Receive" else "finished"
         return event, local_time(stamp.group(1)) if stamp else None, fields
@@ -164,7 +185,7 @@ def _sglang_texts(value: Any, what: str, partial: list[str]) -> Any:
         text, cut = pyrepr.text_of(_json_cut(item))
         if text is None:
             return None
-        if cut and not partial:
+        if cut and not any(p.startswith(what) for p in partial):
             partial.append(
                 f"{what} cut by the log (SGLang level 2 keeps the first and last 1,024 characters)"
             )
@@ -198,14 +219,15 @@ def sglang_exchange(
         response = body if isinstance(out, list) else body[0]
     latency = field_at(outs[0] if outs else None, "meta_info.e2e_latency")
     started = obj.get("received_time") or first.get("received_time")
+    took = seconds(latency, "e2e_latency") if isinstance(latency, int | float) else None
     if isinstance(started, int | float) and not isinstance(started, bool):
-        begin = float(started)
-        if isinstance(latency, int | float):
-            end = begin + float(latency)
+        begin = seconds(started, "received_time")
+        if took is not None:
+            end = begin + took
     elif received is not None:
         begin = received.time
     else:
-        begin = end - float(latency) if isinstance(latency, int | float) else end
+        begin = end - took if took is not None else end
     headers = fields.get("headers") if isinstance(fields.get("headers"), dict) else {}
     rid = fields.get("rid")
     view = {**fields, "obj": obj or first}
@@ -247,12 +269,14 @@ def _sglang_step(
     if event == "received":
         if when is None:
             obj = fields.get("obj") or {}
-            when = obj.get("received_time") if isinstance(obj, dict) else None
-            when = float(when) if isinstance(when, int | float) else 0.0
+            when = seconds(obj.get("received_time") if isinstance(obj, dict) else None,
+                           "received_time")  # fmt: skip
         pairing.add(rid, _Open(when, position, fields))
         return when, []
     received = pairing.take(rid)
-    end = when if when is not None else received.time if received else 0.0
+    if when is None and received is None:
+        raise ValueError("a Finish line with no time and no Receive line")
+    end = when if when is not None else received.time  # type: ignore[union-attr]
     return end, [sglang_exchange(fields, received, end, source)]
 
 
@@ -270,20 +294,21 @@ class _VllmClock:
             self.mtime = time.time()
         self.year = time.localtime(self.mtime).tm_year
 
-    def at(self, line: str, before: int) -> float | None:
+    def at(self, line: str, before: int) -> float:
+        """The time of ``line`` (its prefix, before ``before``). Raises ValueError."""
         m = _VLLM_TIME.search(line, 0, before)
         if m is None:
-            return None
+            raise ValueError("no MM-DD HH:MM:SS time before the message")
         month, day, hh, mm, ss = (int(g) for g in m.groups()[:5])
         fraction = float("0." + m.group(6)) if m.group(6) else 0.0
-        for year in (self.year, self.year - 1):
-            try:
-                stamp = time.mktime((year, month, day, hh, mm, ss, 0, 0, -1)) + fraction
-            except (OverflowError, ValueError):
-                return None
-            if stamp <= self.mtime + 86400 or year != self.year:
+        for year in (self.year, self.year - 1, self.year - 2, self.year - 3):
+            try:  # datetime refuses Feb 30, and Feb 29 of a year that has none
+                stamp = datetime(year, month, day, hh, mm, ss).timestamp() + fraction
+            except ValueError:
+                continue
+            if stamp <= self.mtime + 86400:
                 return stamp
-        return None
+        raise ValueError(f"no year puts {m.group(0)} before the file's time")
 
 
 def vllm_fields(rest: str) -> dict[str, Any]:
@@ -341,12 +366,15 @@ def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
     def step(
         line: str, position: str, pairing: _Pairing, src: InputFile
     ) -> tuple[float | None, list[LoggedExchange]]:
-        m = _VLLM_LINE.search(line)
+        m = _marker(_VLLM_LINE, line)
         if m is None or (m.group("details") and m.group("sep") != " details:"):
             return None, []
-        when = clock.at(line, m.start()) or 0.0
+        when = clock.at(line, m.start())
         request_id = m.group("id")
         fields = vllm_fields(line[m.end() :])
+        for name in ("prompt", "output"):
+            if isinstance(fields.get(name), pyrepr.Opaque):
+                raise ValueError(f"{name} is not a string: the line is cut short?")
         if not m.group("generated"):
             opened = pairing.open.get(request_id)
             if opened is None:
@@ -396,19 +424,26 @@ def _read_paired(
     def emit(exchange: LoggedExchange, position: str, fallback: str) -> ExchangeRecord:
         return exchange.record(position, source.name, fallback)
 
+    def given_up(entries: Iterator[tuple[str, _Open]]) -> Iterator[ExchangeRecord]:
+        """Requests replayed without their second line (it never came)."""
+        for rid, opened in entries:
+            line = opened.position[len(source.name) + 1 :]
+            try:
+                yield emit(unanswered(rid, opened), opened.position, f"{source.path.name}:{line}")
+            except RECORD_ERRORS as e:
+                on_skip(Skipped(source.name, int(line), None, f"bad request: {reason(e)}"))
+
     latest = float("-inf")
     for number, start, raw in numbered_lines(source):
         position = f"{source.name}:{number}"
         try:
             when, done = step(raw.decode("utf-8", "replace"), position, pairing, source)
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            records = [emit(x, position, f"{source.path.name}:{number}") for x in done]
+        except RECORD_ERRORS as e:
             on_skip(Skipped(source.name, number, start, bad_line(raw, e)))
             continue
-        for exchange in done:
-            yield emit(exchange, position, f"{source.path.name}:{number}")
+        yield from records
         if when is not None:
             latest = max(latest, when)
-            for rid, opened in pairing.expired(latest):
-                yield emit(unanswered(rid, opened), opened.position, opened.position)
-    for rid, opened in pairing.rest():
-        yield emit(unanswered(rid, opened), opened.position, opened.position)
+            yield from given_up(pairing.expired(latest))
+    yield from given_up(pairing.rest())

@@ -107,15 +107,33 @@ class InputFile:
         self.raw.close()
 
 
+#: Epoch seconds a record may name: 1970 to the year 5138 (``datetime`` and the report's
+#: times cannot go further; a log that says otherwise is broken).
+MAX_EPOCH = 1e11
+
+
+def seconds(value: Any, name: str) -> float:
+    """A finite number of seconds in 0..MAX_EPOCH from a logged number. Raises ValueError."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name} must be a number of seconds") from None
+    if isinstance(value, bool) or not 0 <= number <= MAX_EPOCH:  # also NaN
+        raise ValueError(f"{name} is out of range: {value!r}")
+    return number
+
+
 def epoch(value: Any, name: str) -> float:
     """Epoch seconds from a number or an ISO 8601 string. Raises ValueError."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        return seconds(value, name)
     if isinstance(value, str):
         try:
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except (ValueError, OverflowError):
             pass
+        else:
+            return seconds(when, name)
     raise ValueError(f"{name} must be epoch seconds or an ISO 8601 time")
 
 
@@ -145,6 +163,10 @@ def reason(error: Exception) -> str:
     return text[:200]
 
 
+#: What reading one record may raise on bad input (the record is then skipped).
+RECORD_ERRORS = (ValueError, KeyError, TypeError, ArithmeticError, RecursionError)
+
+
 def read_json_lines(
     source: InputFile, on_skip: OnSkip, make: Callable[[Any, str, str], ExchangeRecord]
 ) -> Iterator[ExchangeRecord]:
@@ -153,7 +175,7 @@ def read_json_lines(
         position = f"{source.name}:{number}"
         try:
             record = make(orjson.loads(line), position, f"{source.path.name}:{number}")
-        except (ValueError, KeyError, TypeError) as e:
+        except RECORD_ERRORS as e:
             on_skip(Skipped(source.name, number, start, bad_line(line, e)))
             continue
         record.origin = source.name

@@ -34,6 +34,7 @@ from proxy.forensics.readers import (
 from proxy.forensics.replayer import (
     DEFAULT_SORT_BUFFER,
     ExchangeRecord,
+    InputStats,
     Replayer,
     ReplayStats,
     merge_inputs,
@@ -118,6 +119,7 @@ class ReplayOutcome:
     skipped: int
     incidents: int
     seconds: float
+    empty_inputs: list[str] = field(default_factory=list)  # no LLM exchange read from them
 
 
 class JobError(Exception):
@@ -317,10 +319,13 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
     summary = {
         "inputs": [s.name for s in sources] or list(job.paths),
         "per_input": [
-            {"input": s.name, "format": s.format, **asdict(stats.per_input[s.name])}
+            {
+                "input": s.name,
+                "format": s.format,
+                **asdict(stats.per_input.get(s.name) or InputStats()),
+            }
             for s in sources
-            if s.name in stats.per_input
-        ],
+        ],  # fmt: skip
         "traffic_from": iso(stats.first_time),
         "traffic_to": iso(stats.last_time),
         **{
@@ -339,7 +344,8 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
         report = build_report(book, summary)
         for path in job.reports:
             write_report(path, report)
-    return ReplayOutcome(stats, sink.skipped_count, len(book.incidents), seconds)
+    empty = [s.name for s in sources if s.name not in stats.per_input]
+    return ReplayOutcome(stats, sink.skipped_count, len(book.incidents), seconds, empty)
 
 
 def replay_journal(paths: list[str], engine: Engine, sink: EventSink) -> ReplayStats:

@@ -34,6 +34,7 @@ import orjson
 
 from proxy.forensics.inputs import (
     NO_TENANT_FIELDS,
+    RECORD_ERRORS,
     InputFile,
     LoggedExchange,
     OnSkip,
@@ -41,6 +42,8 @@ from proxy.forensics.inputs import (
     TenantFrom,
     bad_line,
     numbered_lines,
+    reason,
+    seconds,
 )
 from proxy.forensics.replayer import ExchangeRecord
 
@@ -90,11 +93,15 @@ def attributes(items: Any) -> dict[str, Any]:
     }
 
 
-def _nanos(value: Any) -> float | None:
-    try:
-        return int(value) / 1e9
-    except (TypeError, ValueError):
+def _nanos(value: Any, name: str) -> float | None:
+    """Epoch seconds from OTLP's nanoseconds (a decimal string); None when absent."""
+    if value is None:
         return None
+    try:
+        nanos = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be nanoseconds") from None
+    return seconds(nanos / 1e9, name)
 
 
 def _message_text(message: Any) -> str:
@@ -194,10 +201,10 @@ def span_exchange(
         )
     if outputs is None:
         outputs = _indexed(attrs, "completion")
-    begin = _nanos(span.get("startTimeUnixNano"))
+    begin = _nanos(span.get("startTimeUnixNano"), "startTimeUnixNano")
     if begin is None:
         raise ValueError("a span without startTimeUnixNano")
-    end = _nanos(span.get("endTimeUnixNano")) or begin
+    end = _nanos(span.get("endTimeUnixNano"), "endTimeUnixNano") or begin
     failed = (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR") and not outputs
     request = None
     if inputs is not None or system is not None:
@@ -230,28 +237,38 @@ def is_otlp_traces(obj: Any) -> bool:
     return isinstance(obj, dict) and isinstance(obj.get("resourceSpans"), list)
 
 
+def _spans(obj: dict) -> Iterator[tuple[dict, dict[str, Any]]]:
+    """Every span of an export with its resource's attributes."""
+    for rs in obj["resourceSpans"]:
+        if not isinstance(rs, dict):
+            continue
+        resource = attributes((rs.get("resource") or {}).get("attributes"))
+        for ss in rs.get("scopeSpans") or []:
+            for span in (ss.get("spans") or []) if isinstance(ss, dict) else []:
+                if isinstance(span, dict):
+                    yield span, resource
+
+
 def read_otel(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
     for number, start, line in numbered_lines(source):
         try:
             obj = orjson.loads(line)
             if not is_otlp_traces(obj):
                 raise ValueError("not an OTLP/JSON ExportTraceServiceRequest (no resourceSpans)")
-            exchanges = []
-            for rs in obj["resourceSpans"]:
-                if not isinstance(rs, dict):
-                    continue
-                resource = attributes((rs.get("resource") or {}).get("attributes"))
-                for ss in rs.get("scopeSpans") or []:
-                    for span in (ss.get("spans") or []) if isinstance(ss, dict) else []:
-                        if isinstance(span, dict) and (
-                            x := span_exchange(span, resource, source.tenant_from)
-                        ):
-                            exchanges.append(x)
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            spans = list(_spans(obj))
+        except (*RECORD_ERRORS, AttributeError) as e:
             on_skip(Skipped(source.name, number, start, bad_line(line, e)))
             continue
-        for n, exchange in enumerate(exchanges, 1):
-            where = f"{number}.{n}" if len(exchanges) > 1 else str(number)
-            yield exchange.record(
-                f"{source.name}:{where}", source.name, f"{source.path.name}:{where}"
-            )
+        for n, (span, resource) in enumerate(spans, 1):  # one bad span costs only itself
+            where = f"{number}.{n}" if len(spans) > 1 else str(number)
+            try:
+                exchange = span_exchange(span, resource, source.tenant_from)
+                if exchange is None:
+                    continue  # not an LLM call
+                record = exchange.record(
+                    f"{source.name}:{where}", source.name, f"{source.path.name}:{where}"
+                )
+            except (*RECORD_ERRORS, AttributeError) as e:
+                on_skip(Skipped(source.name, number, start, f"bad span {where}: {reason(e)}"))
+                continue
+            yield record

@@ -103,13 +103,18 @@ def _escape(m: re.Match[str]) -> str:
     return chr(value)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def string_value(literal: str) -> str:
     """A quoted string literal's text (``'it\\'s'`` -> ``it's``); a ``b''`` literal's
-    text as characters. Never ``eval``; an escape Python would reject is kept as is."""
+    text as characters. Never ``eval``; an escape Python would reject is kept as is; a
+    lone surrogate (``'\\ud800'``, which no UTF-8 text can hold) becomes U+FFFD."""
     body = literal.lstrip("rbuRBU")
     raw = len(body) != len(literal) and "r" in literal[: len(literal) - len(body)].lower()
     body = body[1:-1]
-    return body if raw or "\\" not in body else _ESCAPE.sub(_escape, body)
+    text = body if raw or "\\" not in body else _ESCAPE.sub(_escape, body)
+    return _SURROGATE.sub("\ufffd", text) if "\\u" in body or "\\U" in body else text
 
 
 class _Reader:

@@ -77,17 +77,19 @@ JSONL_FIELDS = {
 
 
 def sniff(head: bytes, name: str) -> str | None:
-    """The format of a file starting with ``head`` (decompressed), or None."""
+    """The format of a file starting with ``head`` (decompressed), or None. A JSON
+    document is told by its keys first: log markers only count in text files, at the
+    start of a line, so text inside a prompt cannot choose the reader."""
     lower = name.lower().removesuffix(".gz")
     body = head.removeprefix(b"\xef\xbb\xbf").lstrip()
     if re.match(rb"[0-9]{1,12}:", body):
         return "flows"  # a tnetstring: mitmproxy's flow file
-    if SNIFF_SGLANG.search(head):
-        return "sglang"  # text lines, or JSON events (possibly behind a time prefix)
-    if SNIFF_VLLM.search(head):
-        return "vllm"
     if not body.startswith(b"{"):
-        return None
+        if SNIFF_SGLANG.search(body):
+            return "sglang"  # text lines, or JSON events behind a time prefix
+        return "vllm" if SNIFF_VLLM.search(body) else None
+    if body.startswith(b'{"resourceSpans"'):
+        return "otel"  # the Collector writes this key first; lines may be MBs long
     if lower.endswith(".har"):
         return "har"
     first = body.split(b"\n", 1)[0]
@@ -98,15 +100,17 @@ def sniff(head: bytes, name: str) -> str | None:
             return "jsonl"
         # A first line that is not a whole object: pretty-printed JSON, i.e. a HAR
         # (unless the line was cut by the sniff buffer: then it is a long JSON line).
-        if b"\n" not in body and len(head) >= SNIFF_BYTES:
-            return "otel" if body.startswith(b'{"resourceSpans"') else "jsonl"
+        return "jsonl" if b"\n" not in body and len(head) >= SNIFF_BYTES else "har"
+    if not isinstance(obj, dict):
+        return "jsonl"
+    if "log" in obj:
         return "har"
-    if isinstance(obj, dict) and "log" in obj:
-        return "har"
-    if isinstance(obj, dict) and is_litellm_payload(obj):
+    if is_litellm_payload(obj):
         return "litellm"
     if is_otlp_traces(obj):
         return "otel"
+    if obj.get("event") in ("request.received", "request.finished") and "rid" in obj:
+        return "sglang"  # its JSON format without a time prefix
     return "jsonl"
 
 

@@ -202,6 +202,12 @@ class CrossTalk:
         ]
         if fresh.proxy.mode != old.proxy.mode:
             restart.append("proxy.mode")
+        limits = fresh.limits
+        if limits.idle_timeout_seconds != old.limits.idle_timeout_seconds:
+            restart.append("limits.idle_timeout_seconds")  # mitmproxy reads it per connection
+            limits = dataclasses.replace(
+                limits, idle_timeout_seconds=old.limits.idle_timeout_seconds
+            )
         added = [p for p in fresh.detection.baselines if p not in old.detection.baselines]
         if self.engine is not None:
             for path in added:
@@ -211,7 +217,7 @@ class CrossTalk:
                     self.log.error("config.reload_failed", reason=f"{path}: {e}", action="kept")
                     return
         self.config = dataclasses.replace(
-            old, policy=fresh.policy, tenants=fresh.tenants, limits=fresh.limits,
+            old, policy=fresh.policy, tenants=fresh.tenants, limits=limits,
             detection=detection, degenerate=fresh.degenerate, prevention=fresh.prevention,
         )  # fmt: skip
         self.rules = factory.tenant_rules(self.config, bytes.fromhex(old.detection.key))

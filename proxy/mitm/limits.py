@@ -17,10 +17,12 @@ from __future__ import annotations
 
 from mitmproxy import ctx, http
 
+from proxy.config import LimitsSection
 from proxy.mitm.flowstate import crosstalk_addon
 from proxy.protocols import route_for
 
 COUNTED_KEY = "crosstalk.limits.in_flight"
+IDLE_DEFAULT = LimitsSection().idle_timeout_seconds  # also mitmproxy's tcp_timeout default
 
 
 class CrossTalkLimits:
@@ -31,8 +33,13 @@ class CrossTalkLimits:
 
     def running(self) -> None:
         crosstalk = crosstalk_addon()
-        if crosstalk is not None and not crosstalk.inline:
-            ctx.options.update(tcp_timeout=crosstalk.config.limits.idle_timeout_seconds)
+        if crosstalk is None or crosstalk.inline:
+            return
+        idle = crosstalk.config.limits.idle_timeout_seconds
+        # The config's value, unless it is the default and the user set mitmproxy's own
+        # (``--set tcp_timeout=N`` on their mitmdump): that one was meant.
+        if idle != IDLE_DEFAULT or ctx.options.tcp_timeout == IDLE_DEFAULT:
+            ctx.options.update(tcp_timeout=idle)
 
     def request(self, flow: http.HTTPFlow) -> None:
         crosstalk = crosstalk_addon()
