@@ -41,17 +41,21 @@ def stream(url: str, rid: str, **headers: str) -> None:
         pass
 
 
-def reached(sim, rid: str, timeout: float = 30) -> None:
-    """Wait (bounded) until the engine has the request."""
+def eventually(read, timeout: float = 30):
+    """``read()`` once it stops raising HTTPError (a 404 until the simulator knows)."""
     deadline = time.monotonic() + timeout
     while True:
         try:
-            sim.headers(rid)
-            return
+            return read()
         except urllib.error.HTTPError:
             if time.monotonic() > deadline:
                 raise
-            time.sleep(0.05)
+            time.sleep(0.1)
+
+
+def reached(sim, rid: str) -> None:
+    """Wait (bounded) until the engine has the request."""
+    eventually(lambda: sim.headers(rid))
 
 
 @pytest.fixture
@@ -141,7 +145,7 @@ def test_an_engine_that_hangs_mid_stream_is_cut_off(timed):
     sim, proxy = timed
     with contextlib.suppress(openai.APIError, httpx2.HTTPError):
         stream(proxy.url, "hung", **{"x-sim-misbehave": "stall"})
-    outcome = sim.outcome("hung")
+    outcome = eventually(lambda: sim.outcome("hung"))  # the engine notices as it wakes
     m = re.fullmatch(r"aborted after (\d+) of (\d+) events", outcome)
     assert m and int(m[1]) < int(m[2]), outcome
     events = wait_for_events(

@@ -193,8 +193,9 @@ def test_incident_table_and_timeline_are_in_the_rendered_dom(chromium, report):
     for n, (row, incident) in enumerate(zip(dom.rows, incidents, strict=True), 1):
         assert row[:3] == [str(n), incident["source_tenant"], incident["victim_tenant"]]
         assert row[5] == str(incident["findings"])
-        assert row[9] == incident["gdpr_notify_by"]
-        assert incident["victim_request_ids"][0] in row[10]
+        assert row[6] == str(incident["findings_on_partial_text"]) == "0"  # whole captures
+        assert row[10] == incident["gdpr_notify_by"]
+        assert incident["victim_request_ids"][0] in row[11]
     assert sum(int(row[5]) for row in dom.rows) == len(report["events"])
     # The chart: an SVG element (the browser's parser took it as one), a cell per busy
     # column of each incident, each with its tooltip.
@@ -216,7 +217,7 @@ const out = {
   table: box(table), rows: rows.map((r) => box(r)),
   svg: box(svg), svgNamespace: svg.namespaceURI,
   cells: [...svg.querySelectorAll("rect.cell")].map((c) => box(c)),
-  deadline: rows.map((r) => { const s = getComputedStyle(r.cells[9]);
+  deadline: rows.map((r) => { const s = getComputedStyle(r.cells[10]);
     return {color: s.color, weight: s.fontWeight}; }),
 };
 const pre = document.createElement("pre");
