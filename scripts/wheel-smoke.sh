@@ -21,6 +21,7 @@ cd "$work"  # away from the checkout: only the installed package can be imported
 for data in vocabulary/en.txt baseline/boilerplate.txt advisories.toml; do
     grep -q "proxy/defaults/$data" "$work/contents.txt" || { echo "wheel lacks proxy/defaults/$data" >&2; exit 1; }
 done
+grep -Eq "proxy/engine/_core\..*(so|pyd)" "$work/contents.txt" || { echo "wheel lacks the compiled core" >&2; exit 1; }
 
 port=$("$work/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$work/venv/bin/crosstalk" sim --port "$port" --engine vllm --engine-version 0.10.2 >"$work/sim.log" 2>&1 &
@@ -46,6 +47,8 @@ from proxy.defaults import load_baseline, load_vocabulary
 from proxy.factory import build_engine
 
 assert "site-packages" in proxy.__file__, proxy.__file__
+from proxy.engine import _core
+assert _core.__file__.endswith((".so", ".pyd")), _core.__file__  # compiled, not source
 assert len(load_vocabulary()) > 10_000 and load_baseline(), "shipped data not loaded"
 engine = build_engine(load(None, detection__key="ab" * 32))
 secret = "the merger of Holloway Dynamics with Brightwater closes on the fourth of March"

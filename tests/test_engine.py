@@ -1040,18 +1040,20 @@ def test_entity_prefilters_never_skip_a_match():
     assert {"email", "url_secret", "digit_id", "token"} <= kinds
 
 
-def test_kgrams_rolling_numpy_and_one_by_one_agree():
+def test_kgrams_rolling_and_one_by_one_agree():
     import random
 
     from proxy.engine import fingerprint
 
-    hasher = fingerprint.Hasher(b"k" * 32, 4)
     rng = random.Random(5)
-    for n in (1, 2, 7, 24, 25, 60):
-        hashes = [rng.getrandbits(64) for _ in range(n + 3)]
-        one_by_one = [hasher.kgram(hashes[i : i + 4]) for i in range(n)]
-        assert hasher._rolling_kgrams(hashes, n) == one_by_one
-        assert hasher.kgrams_of_hashes(hashes) == one_by_one  # numpy above 24
+    for k in (1, 2, 4, 7):
+        hasher = fingerprint.Hasher(b"k" * 32, k)
+        for n in (1, 2, 7, 24, 25, 60):
+            hashes = [rng.getrandbits(64) for _ in range(n + k - 1)]
+            hashes[0] = (1 << 64) - 1  # the top bit set: unsigned all the way
+            one_by_one = [hasher.kgram(hashes[i : i + k]) for i in range(n)]
+            assert hasher.kgrams_of_hashes(hashes) == one_by_one  # compiled, rolled
+        assert hasher.kgrams_of_hashes(hashes[: k - 1]) == []
 
 
 def test_observe_in_steps_is_observe_at_once():

@@ -17,6 +17,8 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
+from proxy.engine import _core
+
 # Scripts written without spaces between words: each character is a unit.
 _NO_SPACE_RANGES = (
     "\u0e00-\u0e7f"  # Thai
@@ -101,14 +103,13 @@ class UnitBatch:
 def unit_batch(text: str, offset: int = 0) -> UnitBatch:
     """All units of ``text`` in columns, offsets shifted by ``offset``."""
     if text.isascii():
-        # ASCII lowercasing keeps offsets and no unit is a single-character script.
-        matches = list(_ASCII_UNIT_RE.finditer(text.lower()))
-        texts = [m.group() for m in matches]
-        weights = [WORD_WEIGHT] * len(matches)
-    else:
-        matches = list(_UNIT_RE.finditer(text))
-        texts = [normalise(m.group()) for m in matches]
-        weights = [CHAR_WEIGHT if m.group(1) else WORD_WEIGHT for m in matches]
+        # Compiled: ASCII lowercasing keeps offsets and no unit is a single-character
+        # script, so the units are the runs of [A-Za-z0-9], one pass in C.
+        texts, starts, ends = _core.ascii_units(text, offset)
+        return UnitBatch(texts, starts, ends, [WORD_WEIGHT] * len(texts))
+    matches = list(_UNIT_RE.finditer(text))
+    texts = [normalise(m.group()) for m in matches]
+    weights = [CHAR_WEIGHT if m.group(1) else WORD_WEIGHT for m in matches]
     starts = [m.start() + offset for m in matches]
     ends = [m.end() + offset for m in matches]
     return UnitBatch(texts, starts, ends, weights)

@@ -1,0 +1,93 @@
+"""The compiled core against the Python it replaced, side by side in one process: the
+same texts (the quality workload's prompts and answers, ASCII ones, as the engine sees
+them in 1-3 word deltas and whole) through ``_core.ascii_units`` and
+``reference.ascii_units``, and their unit hashes through ``_core.kgrams`` and
+``reference.kgrams``. Alternating rounds, best of ``--rounds``; MB/s of text, and the
+ratio. Exits 1 when the outputs differ, or when a compiled function is not at least
+``MIN_SPEEDUP`` times faster than its reference on whole texts and hashes. On 1-3 word
+deltas both spend their time in the call itself: that row is reported, not judged (the
+next slice of issue 16 makes the whole per-delta step one compiled call).
+
+    python bench/core.py [--rounds 5] [--requests 1500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from test_core_parity import HASHER, workload_texts  # noqa: E402
+
+from proxy.engine import _core, reference  # noqa: E402
+
+MIN_SPEEDUP = 2.0
+
+
+def deltas_of(text: str) -> list[str]:
+    words = text.split(" ")
+    return [" ".join(words[i : i + 2]) + " " for i in range(0, len(words), 2)]
+
+
+def best(fn, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--requests", type=int, default=1500)
+    args = p.parse_args()
+    texts = [t for t in workload_texts(args.requests) if t.isascii()]
+    deltas = [d for t in texts for d in deltas_of(t)]
+    hashes = [HASHER.units(_core.ascii_units(t)[0]) for t in texts]
+    mb_whole = sum(len(t) for t in texts) / 1e6
+    mb_deltas = sum(len(d) for d in deltas) / 1e6
+    rows, failed = [], []
+    cases = [  # name, MB, run(f), compiled, reference, judged
+        ("units, whole texts", mb_whole,
+         lambda f: [f(t, 0) for t in texts], _core.ascii_units, reference.ascii_units, True),
+        ("units, 2-word deltas", mb_deltas,
+         lambda f: [f(d, 0) for d in deltas], _core.ascii_units, reference.ascii_units, False),
+        ("k-gram fingerprints (k=4)", mb_whole,
+         lambda f: [f(h, 4) for h in hashes], _core.kgrams, reference.kgrams, True),
+    ]  # fmt: skip
+    for name, mb, run, compiled, python, judged in cases:
+        if run(compiled) != run(python):
+            failed.append(f"{name}: outputs differ")
+        t_c, t_p = None, None
+        for _ in range(args.rounds):  # alternate, so both see the same machine
+            c = best(lambda run=run, f=compiled: run(f), 1)
+            py = best(lambda run=run, f=python: run(f), 1)
+            t_c, t_p = min(t_c or c, c), min(t_p or py, py)
+        speedup = t_p / t_c
+        rows.append((name, mb / t_p, mb / t_c, speedup))
+        if judged and speedup < MIN_SPEEDUP:
+            failed.append(f"{name}: {speedup:.1f}x, target >= {MIN_SPEEDUP}x")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    print(f"{len(texts):,} ASCII texts ({mb_whole:.1f} MB), {len(deltas):,} deltas; best of "
+          f"{args.rounds} alternating rounds; commit {commit}")  # fmt: skip
+    print()
+    print(f"| function | Python MB/s | compiled MB/s | speed-up (target >= {MIN_SPEEDUP:g}x) |")
+    print("|---|---:|---:|---:|")
+    for (name, py, c, x), case in zip(rows, cases, strict=True):
+        print(f"| {name} | {py:.1f} | {c:.1f} | {x:.1f}x{'' if case[-1] else ' (not judged)'} |")
+    for f in failed:
+        print(f"  ! {f}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

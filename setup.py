@@ -1,0 +1,41 @@
+"""Builds crosstalk's compiled core (``proxy/engine/_core.pyx``, Cython) with the
+machine's C compiler; everything else about the package is in ``pyproject.toml``.
+
+Without a working C compiler the install stops with a message that names what to
+install, instead of a compiler's traceback.
+"""
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NO_COMPILER = """
+crosstalk: building the compiled core (proxy/engine/_core.pyx) needs a C compiler and
+Python's headers, and this one failed:
+
+    {error}
+
+Install them and try again:
+    Debian/Ubuntu:  apt-get install gcc python3-dev   (or build-essential)
+    Fedora/RHEL:    dnf install gcc python3-devel
+    Alpine:         apk add gcc musl-dev python3-dev
+    macOS:          xcode-select --install
+"""
+
+
+class BuildCore(build_ext):
+    """``build_ext`` that says in plain words when there is no usable compiler."""
+
+    def build_extension(self, ext: Extension) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as e:  # CompileError, CCompilerError, DistutilsExecError...
+            name = type(e).__name__
+            if "Compile" in name or "Exec" in name or "Platform" in name:
+                raise SystemExit(NO_COMPILER.format(error=f"{name}: {e}")) from e
+            raise
+
+
+setup(
+    ext_modules=[Extension("proxy.engine._core", ["proxy/engine/_core.pyx"])],
+    cmdclass={"build_ext": BuildCore},
+)

@@ -1,0 +1,125 @@
+"""The compiled core (proxy/engine/_core.pyx) against the Python it replaced
+(proxy/engine/reference.py): the same units and the same fingerprints over the texts
+of the quality workload (prompts and answers, leaks injected, every chat template) and
+over random text, and the same findings from an engine run over that workload."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.engine import _core, reference
+from proxy.engine.fingerprint import Hasher
+from proxy.engine.tokens import StreamTokenizer, unit_batch
+from proxy.sim.answers import answer_for
+from proxy.sim.faults import FaultInjector
+from proxy.sim.templates import render
+from proxy.sim.workload import Workload
+
+HASHER = Hasher(b"parity-key-0123456789abcdef", 4)
+
+
+def workload_texts(n: int = 1500) -> list[str]:
+    """Prompts (as chat messages and as rendered templates) and answers, with faults."""
+    injector = FaultInjector(0.1, seed=3)
+    texts = []
+    for req in Workload(tenants=20, seed=3).requests(n):
+        prompt = req.prompt_text()
+        answer, _ = injector.apply(req.tenant, req.request_id, prompt, answer_for(prompt))
+        injector.remember(req.tenant, req.request_id, prompt, answer, private=req.last_user_text())
+        texts += [prompt, render(req.messages, req.template), answer]
+    return texts
+
+
+def test_units_and_fingerprints_of_the_quality_workload_are_the_reference_ones():
+    texts = [t for t in workload_texts() if t.isascii()]
+    assert len(texts) > 3000  # most of the workload is ASCII; the rest takes the Python path
+    for text in texts:
+        compiled = _core.ascii_units(text, 7)
+        assert compiled == reference.ascii_units(text, 7)
+        hashes = HASHER.units(compiled[0])
+        assert HASHER.kgrams_of_hashes(hashes) == reference.kgrams(hashes, 4)
+
+
+ASCII = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_size=300)
+
+
+@settings(max_examples=300, deadline=None)
+@given(ASCII, st.integers(0, 10_000))
+def test_random_ascii_units(text, offset):
+    assert _core.ascii_units(text, offset) == reference.ascii_units(text, offset)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200), st.lists(st.integers(1, 40), max_size=12))
+def test_stream_tokenizer_units_do_not_depend_on_delta_cuts(text, cuts):
+    """Whatever the cuts, streamed units are the whole text's units (ASCII through the
+    compiled path, the rest through Python), as before the core was compiled."""
+    whole = unit_batch(text)
+    tok, pieces, at = StreamTokenizer(), [], 0
+    for size in cuts:
+        pieces.append(text[at : at + size])
+        at += size
+    pieces.append(text[at:])
+    texts: list[str] = []
+    for piece in pieces:
+        texts += tok.feed(piece).texts
+    texts += tok.flush().texts
+    assert texts == whole.texts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=60), st.integers(1, 8))
+def test_random_kgrams(hashes, k):
+    assert _core.kgrams(hashes, k) == reference.kgrams(hashes, k)
+
+
+def test_non_ascii_input_is_refused_not_misread():
+    for text in ("café", "日本語", "a\u00a0b"):
+        try:
+            _core.ascii_units(text)
+        except ValueError:
+            continue
+        raise AssertionError(f"{text!r} was read as ASCII")
+
+
+def test_fingerprints_are_the_ones_recorded_before_the_core_was_compiled():
+    """Golden values from the Python implementation at commit 7548391 (numpy above 24
+    k-grams): a fingerprint that changed would orphan every journal and state file."""
+    rng = random.Random(11)
+    hashes = [rng.getrandbits(64) for _ in range(40)]
+    assert HASHER.kgrams_of_hashes(hashes)[:3] == [
+        14078481721677907212, 92955536337796016, 16910133952089528738
+    ]  # fmt: skip
+    assert _core.kgrams([1, 2, 3, 4], 4) == [13435097810718854061]
+
+
+def engine_findings() -> list[tuple]:
+    """Every finding of a fresh engine over 600 exchanges of the quality workload."""
+    from proxy.config import Config
+    from proxy.factory import build_engine
+
+    engine = build_engine(Config())
+    injector = FaultInjector(0.15, seed=4)
+    found = []
+    for n, req in enumerate(Workload(tenants=12, seed=4).requests(600)):
+        prompt = req.prompt_text()
+        answer, _ = injector.apply(req.tenant, req.request_id, prompt, answer_for(prompt))
+        injector.remember(req.tenant, req.request_id, prompt, answer, private=req.last_user_text())
+        scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=1000.0 + n)
+        words = answer.split(" ")
+        results = [scan.feed(" ".join(words[i : i + 3]) + " ", 0) for i in range(0, len(words), 3)]
+        results.append(scan.finish())
+        found += [(req.request_id, f.kind, f.source_tenant, f.source_request_id, f.start, f.end)
+                  for batch in results for f in batch]  # fmt: skip
+    return found
+
+
+def test_an_engine_on_the_compiled_core_finds_what_the_python_one_found(monkeypatch):
+    compiled = engine_findings()
+    monkeypatch.setattr(_core, "ascii_units", reference.ascii_units)
+    monkeypatch.setattr(_core, "kgrams", reference.kgrams)
+    assert len(compiled) > 20  # the workload's leaks are found at all
+    assert engine_findings() == compiled
