@@ -166,7 +166,12 @@ def test_enforce_cuts_leaks_before_private_words_reach_the_client(tmp_path, requ
     assert len(j.targets) >= 30, report(j)
     assert len(j.found) / len(j.targets) >= MIN_RECALL, report(j)
     # Enforce blocks no clean response, from the first request of a fresh engine on.
-    assert not j.clean_flagged, report(j)
+    # (A run with the other core busy once blocked 1 of 1,358: say what flagged it.)
+    assert not j.clean_flagged, (report(j), [
+        {k: e.get(k) for k in ("request_id", "kind", "score", "foreign_units", "source_tenant",
+                               "source_request_id", "output_offset", "learning")}
+        for e in events if e["event"] == "leak.detected" and e["request_id"] in j.clean_flagged
+    ])  # fmt: skip
     assert not blocked - set(faults), sorted(blocked - set(faults))
 
 
