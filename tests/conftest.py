@@ -78,8 +78,9 @@ def free_port() -> int:
 
 
 def start_server(
-    command_for, timeout: float = 30.0, attempts: int = 3, stderr=subprocess.PIPE, cwd=ROOT
-):
+    command_for, timeout: float = 30.0, attempts: int = 3, stderr=subprocess.PIPE, cwd=ROOT,
+    env: dict[str, str] | None = None,
+):  # fmt: skip
     """Start ``command_for(port)`` on a free port; ``(proc, port)`` once it listens. A
     server that exits before listening (its port was taken after all) is started again
     on another port. A server that logs a lot needs ``stderr`` to be a file: nobody reads
@@ -87,7 +88,7 @@ def start_server(
     for attempt in range(attempts):
         port = free_port()
         proc = subprocess.Popen(
-            command_for(port), cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr
+            command_for(port), cwd=cwd, stdout=subprocess.DEVNULL, stderr=stderr, env=env
         )
         try:
             wait_for_port(port, proc, timeout)
@@ -205,10 +206,12 @@ def run_sim(tmp: Path, *args: str) -> Iterator[Sim]:
 
 @contextlib.contextmanager
 def run_mitmdump(
-    tmp: Path, upstream: str, *sets: str, scripts: Sequence[Path] = ()
+    tmp: Path, upstream: str, *sets: str, scripts: Sequence[Path] = (), as_users_do: bool = False
 ) -> Iterator[Proxy]:
     """mitmdump with crosstalk's addon script (then ``scripts``, the user's own addons),
-    in reverse mode in front of ``upstream``; ``sets`` are ``--set name=value``."""
+    in reverse mode in front of ``upstream``; ``sets`` are ``--set name=value``. Its
+    confdir is under ``tmp``; ``as_users_do``: set no confdir (mitmproxy's default,
+    ``~/.mitmproxy``, with HOME under ``tmp``), as a user's command line would not."""
 
     def command(port: int) -> list[str]:
         cmd = [
@@ -217,14 +220,15 @@ def run_mitmdump(
             *(arg for script in scripts for arg in ("-s", str(script))),
             "--mode", f"reverse:{upstream}",
             "--listen-host", "127.0.0.1", "-p", str(port),
-            "--set", f"confdir={tmp / 'mitmproxy-conf'}",
+            *(() if as_users_do else ("--set", f"confdir={tmp / 'mitmproxy-conf'}")),
             "--set", f"crosstalk_log_file={tmp / f'events-{port}.jsonl'}",
         ]  # fmt: skip
         for s in sets:
             cmd += ["--set", s]
         return cmd
 
-    proc, port = start_server(command)
+    env = {**os.environ, "HOME": str(tmp / "home")} if as_users_do else None
+    proc, port = start_server(command, env=env)
     try:
         yield Proxy(f"http://127.0.0.1:{port}", port, tmp / f"events-{port}.jsonl", proc)
     finally:

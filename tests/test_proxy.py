@@ -8,7 +8,9 @@ import random
 import socket
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 
 import openai
 import pytest
@@ -308,6 +310,35 @@ def test_upstream_down_gives_openai_format_502(tmp_path):
         assert "crosstalk proxy" in info.value.body["message"]
         events = wait_for_events(proxy.log, lambda ev: any(e["event"] == "exchange" for e in ev))
         assert [e["status"] for e in events if e["event"] == "exchange"] == [502]
+
+
+def test_a_request_while_the_detector_starts_neither_fails_nor_stops_mitmdump(tmp_path, sim):
+    """mitmproxy listens before its addons' ``running`` hooks, and mitmdump exits on any
+    error logged before they return. The detector process takes a second or more to
+    start: a request in that second (a restart under load) must be answered, scanned
+    once the detector is up, and leave mitmdump running. Started as users do (no
+    ``--set confdir``): then mitmproxy's TLS addon sets its certificate store up in its
+    own ``running`` hook, after crosstalk's; a request that met it unready made it log an
+    error, and mitmdump exited."""
+    with run_mitmdump(tmp_path, sim.url, as_users_do=True) as proxy:
+        sent_at = time.time()
+        first = client(proxy.url, "t1").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "anyone home?"}]
+        )
+        assert first.choices[0].message.content
+        events = wait_for_events(
+            proxy.log,
+            lambda ev: {"detector.ready", "exchange"} <= {e["event"] for e in ev},
+            timeout=60,
+        )
+        ready = next(e for e in events if e["event"] == "detector.ready")
+        ready_at = datetime.fromisoformat(ready["ts"].replace("Z", "+00:00")).timestamp()
+        assert sent_at < ready_at  # the request came while the detector was starting
+        second = client(proxy.url, "t1").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "still there?"}]
+        )
+        assert second.choices[0].message.content and proxy.proc.poll() is None
+    assert not [e for e in read_events(proxy.log) if e["event"] == "addon.failed"]
 
 
 BROKEN_ADDON = """

@@ -261,6 +261,12 @@ class CrossTalk:
             print(f"crosstalk: {self.failed}", file=sys.stderr)
             ctx.master.shutdown()
 
+    async def detector_started(self) -> None:
+        """Once the detector process's start has ended (ready or failed); at once when
+        none is starting."""
+        if self._starting is not None and not self._starting.done():
+            await asyncio.shield(self._starting)
+
     def _detector_event(self, event: str, detail: Any) -> None:
         if event == "logged":
             if self.mirror is not None:
@@ -316,7 +322,13 @@ class CrossTalk:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
         if self.detector_wanted and self.detector is None:
-            await self._start_detector()
+            # Started in the background: mitmproxy listens before ``running``, and the
+            # addons after this one (tlsconfig's certificate store) initialise only once
+            # this hook returns. Awaited here, the child's seconds of start-up met
+            # early requests with those addons unready, and mitmdump exits on any error
+            # logged before ``running`` returns. Until it is ready, exchanges are copied
+            # to it and wait in the pipe.
+            self._starting = asyncio.get_running_loop().create_task(self._start_detector())
         if self.index is not None:
             self.index.start()
 

@@ -31,14 +31,21 @@ class RunRequest:
 
 class _ReadyBanner:
     """Prints how to use the proxy once mitmproxy's servers are up (``running`` runs
-    after the proxyserver addon, added before this one, has started listening)."""
+    after the proxyserver addon, added before this one, has started listening) and the
+    detector process is ready; not when it failed (the proxy is stopping, and said why).
+    In a task of its own: ``running`` returns at once, as mitmproxy expects."""
 
     def __init__(self, text: str, crosstalk: CrossTalk) -> None:
         self.text = text
         self.crosstalk = crosstalk
+        self._task: asyncio.Task | None = None
 
     def running(self) -> None:
-        if self.crosstalk.failed is None:  # else it is stopping, and has said why
+        self._task = asyncio.get_running_loop().create_task(self._announce())
+
+    async def _announce(self) -> None:
+        await self.crosstalk.detector_started()
+        if self.crosstalk.failed is None:
             print(self.text, flush=True)
 
 
