@@ -58,12 +58,21 @@ def reached(sim, rid: str) -> None:
     eventually(lambda: sim.headers(rid))
 
 
-@pytest.fixture
-def limited(tmp_path):
-    cfg = tmp_path / "limits.toml"
-    cfg.write_text("[limits]\nmax_request_bytes = 2000\nmax_concurrent_exchanges = 2\n")
+@contextlib.contextmanager
+def configured(tmp_path, toml: str):
+    """The simulator and a mitmdump with crosstalk configured by ``toml``."""
+    cfg = tmp_path / "crosstalk.toml"
+    cfg.write_text(toml)
     with run_sim(tmp_path) as sim, run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p:
         yield sim, p
+
+
+@pytest.fixture
+def limited(tmp_path):
+    with configured(
+        tmp_path, "[limits]\nmax_request_bytes = 2000\nmax_concurrent_exchanges = 2\n"
+    ) as s:
+        yield s
 
 
 def test_a_body_over_the_limit_is_413_and_never_reaches_the_engine(limited):
@@ -104,15 +113,13 @@ def test_beyond_the_concurrency_limit_clients_are_told_to_retry(limited):
 
 @pytest.fixture
 def timed(tmp_path):
-    cfg = tmp_path / "timed.toml"
-    cfg.write_text("[limits]\nmax_request_seconds = 1\nidle_timeout_seconds = 1\n")
-    with run_sim(tmp_path) as sim, run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p:
-        yield sim, p
+    with configured(tmp_path, "[limits]\nmax_request_seconds = 1\nidle_timeout_seconds = 1\n") as s:
+        yield s
 
 
 def test_a_body_that_trickles_in_is_408_and_never_reaches_the_engine(timed):
-    """Half the body, two seconds of nothing (longer than max_request_seconds, shorter
-    than the idle timeout would allow... it is 1 s too, so bytes keep coming), the rest."""
+    """The body in 16-byte pieces every 0.2 s: never idle for the 1 s idle timeout, but
+    longer than max_request_seconds (1 s) in all."""
     sim, proxy = timed
     body = json.dumps(
         {"model": "m", "messages": [{"role": "user", "content": "hi " * 50}]}
@@ -159,9 +166,8 @@ def test_an_engine_that_hangs_mid_stream_is_cut_off(timed):
 def test_output_past_the_scan_limit_passes_unscanned(tmp_path, mode):
     """With 40 characters scanned at most, a long answer still arrives whole (enforce
     mode stops holding it back at the limit), and its exchange line says it was capped."""
-    cfg = tmp_path / "capped.toml"
-    cfg.write_text(f'[proxy]\nmode = "{mode}"\n[limits]\nmax_scanned_output_chars = 40\n')
-    with run_sim(tmp_path) as sim, run_mitmdump(tmp_path, sim.url, f"crosstalk_config={cfg}") as p:
+    toml = f'[proxy]\nmode = "{mode}"\n[limits]\nmax_scanned_output_chars = 40\n'
+    with configured(tmp_path, toml) as (sim, p):
         chunks = client(p.url, "long").chat.completions.create(
             model="m", messages=[{"role": "user", "content": "Tell me a long story"}], stream=True
         )

@@ -255,7 +255,10 @@ def sglang_exchange(
 
 
 def read_sglang(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
-    return _read_paired(source, on_skip, _sglang_step)
+    def unanswered(_rid: str, opened: _Open) -> LoggedExchange:
+        return sglang_exchange(None, opened, opened.time, source)
+
+    return _read_paired(source, on_skip, _sglang_step, unanswered)
 
 
 def _sglang_step(
@@ -412,14 +415,11 @@ def _read_paired(
     source: InputFile,
     on_skip: OnSkip,
     step: Step,
-    unanswered: Callable[[str, _Open], LoggedExchange] | None = None,
+    unanswered: Callable[[str, _Open], LoggedExchange],
 ) -> Iterator[ExchangeRecord]:
     """Lines -> ``step`` -> exchanges; requests whose second line never comes are
     replayed without it (``unanswered``) once too many or too old, and at the end."""
     pairing = _Pairing()
-    unanswered = unanswered or (
-        lambda rid, opened: sglang_exchange(None, opened, opened.time, source)
-    )
 
     def emit(exchange: LoggedExchange, position: str, fallback: str) -> ExchangeRecord:
         return exchange.record(position, source.name, fallback)
