@@ -7,7 +7,8 @@
   each; the window is shortened to a fifth of the run so that it fills early). Judged
   on runs of 30 minutes or more only: until the engine's bounded caches are full (the
   rare-word vocabulary, the unit-hash cache: bench/replay.py measures them) RSS rises
-  by design, and a 3-minute run only reports the slope;
+  by design, and a 3-minute run only reports the slope. The rare-word bound is set to
+  ``--max-rare-words`` (200,000) so that it fills early in the hour;
 * open files of the proxy stay within 10 of where they were at the half;
 * every request that got an answer has its ``exchange`` line;
 * the detector process is killed at a third of the run: the proxy starts a new one,
@@ -15,7 +16,10 @@
 * Redis is stopped at two thirds and started again 3 s later: the index says it is
   degraded, then recovered, and no request fails;
 * the live findings equal a replay of the capture (``--capture``), except exchanges
-  the live detector did not scan.
+  the live detector did not scan. Replayed per detector lifetime: a restarted detector
+  starts with what the shared index held (the window before its start), not with the
+  commonness its predecessor learned, so each lifetime's exchanges are compared with a
+  replay of the capture from that lifetime's window on.
 
     python bench/soak.py [--quick] [--minutes 60] [--no-redis] [--json out.json]
 
@@ -35,10 +39,12 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx2
 from common import free_port, wait_listening
+from mitmproxy.io import FlowReader, FlowWriter
 from passthrough import process_tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,6 +56,10 @@ MAX_SLOPE_MB_PER_HOUR = 30.0
 MAX_FD_DRIFT = 10
 PLATEAU_JUDGED_MINUTES = 30.0  # shorter runs report the RSS slope without judging it
 REDIS_DOWN_SECONDS = 3.0
+# The rare-word tracking of learned commonness is bounded (detection.max_rare_words); at
+# the default (1,000,000) this workload fills it in about 40 minutes, so a plateau
+# would come after the second half begins. A fifth of it fills within 10 minutes.
+RARE_WORDS = 200_000
 
 
 def rss_mb(pid: int) -> float:
@@ -71,6 +81,15 @@ def slope_per_hour(samples: list[tuple[float, float]]) -> float:
     return statistics.linear_regression(xs, ys).slope * 3600
 
 
+def thinned(samples: list[tuple[float, float]], every: float) -> list[tuple[int, float]]:
+    """One (second, MB) sample per ``every`` seconds."""
+    out: list[tuple[int, float]] = []
+    for t, mb in samples:
+        if not out or t - out[-1][0] >= every:
+            out.append((round(t), round(mb, 1)))
+    return out
+
+
 def finding_keys(events) -> dict[tuple[str, str], str]:
     """(victim request, source tenant) -> source request, of every leak.detected."""
     return {
@@ -78,6 +97,67 @@ def finding_keys(events) -> dict[tuple[str, str], str]:
         for e in events
         if e["event"] == "leak.detected"
     }
+
+
+def epoch(ts: str) -> float:
+    return datetime.fromisoformat(ts).timestamp()
+
+
+def lifetimes(events: list[dict], window: float) -> list[tuple[float, float]]:
+    """(began taking exchanges, first record time it held) of each detector process,
+    from the proxy's ``detector.ready`` and the detector's ``index.ready`` (its load
+    of the window from Redis began ``seconds`` before it was logged). Without a shared
+    index a restarted detector holds nothing from before its start."""
+    readies = [epoch(e["ts"]) for e in events if e["event"] == "detector.ready"]
+    loads = [epoch(e["ts"]) - e["seconds"] for e in events if e["event"] == "index.ready"]
+    return [
+        (ready, loads[i] - window if i < len(loads) else ready) for i, ready in enumerate(readies)
+    ]
+
+
+def arrivals(capture: Path) -> dict[str, float]:
+    """Request id -> when the proxy had the request (the engine's clock for it)."""
+    with capture.open("rb") as f:
+        return {
+            flow.request.headers.get("x-request-id", ""): flow.request.timestamp_end
+            for flow in FlowReader(f).stream()
+        }
+
+
+def capture_since(capture: Path, since: float, out: Path) -> Path:
+    """The flows of ``capture`` whose request arrived at ``since`` or later."""
+    with capture.open("rb") as f, out.open("wb") as o:
+        writer = FlowWriter(o)
+        for flow in FlowReader(f).stream():
+            if flow.request.timestamp_end >= since:
+                writer.add(flow)
+    return out
+
+
+def replay_findings(capture: Path, cfg: Path, log: Path) -> dict[tuple[str, str], str]:
+    subprocess.run(
+        [sys.executable, "-m", "proxy", "replay", str(capture), "--config", str(cfg),
+         "--log-file", str(log)],
+        cwd=ROOT, capture_output=True, timeout=3600,
+    )  # fmt: skip
+    return finding_keys(map(json.loads, log.read_text().splitlines()))
+
+
+def replay_per_lifetime(
+    events: list[dict], capture: Path, cfg: Path, window: float, work: Path
+) -> dict[tuple[str, str], str]:
+    """The replay's findings, each victim judged by a replay that starts where the live
+    detector that scanned it started (see the module docstring)."""
+    arrived = arrivals(capture)
+    spans = lifetimes(events, window)
+    found: dict[tuple[str, str], str] = {}
+    for i, (ready, held_from) in enumerate(spans):
+        until = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
+        part = capture if i == 0 else capture_since(capture, held_from, work / f"life{i}.flows")
+        keys = replay_findings(part, cfg, work / f"replay{i}.jsonl")
+        begins = float("-inf") if i == 0 else ready
+        found |= {k: v for k, v in keys.items() if begins <= arrived.get(k[0], begins) < until}
+    return found
 
 
 def wait_port(port: int, timeout: float = 60) -> None:
@@ -118,6 +198,12 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="3 minutes")
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--no-redis", action="store_true", help="no shared index, no Redis restart")
+    p.add_argument(
+        "--max-rare-words",
+        type=int,
+        default=RARE_WORDS,
+        help=f"detection.max_rare_words (default {RARE_WORDS:,}: full within the hour)",
+    )
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args()
     seconds = 180.0 if args.quick else args.minutes * 60
@@ -131,8 +217,10 @@ def main() -> int:
         redis = Redis(binary, work)
         redis.start()
     cfg = work / "crosstalk.toml"
+    window = round(max(30.0, seconds / 5))
     cfg.write_text(
-        f'[detection]\nkey = "{TEST_KEY}"\nwindow_seconds = {max(30.0, seconds / 5):.0f}\n'
+        f'[detection]\nkey = "{TEST_KEY}"\nwindow_seconds = {window}\n'
+        f"max_rare_words = {args.max_rare_words}\n"
     )
     sim_port, port = free_port(), free_port()
     log, capture = work / "events.jsonl", work / "capture.flows"
@@ -219,13 +307,7 @@ def main() -> int:
     }
     unscanned.discard(None)
     live = finding_keys(events)
-    replay_log = work / "replay.jsonl"
-    subprocess.run(
-        [sys.executable, "-m", "proxy", "replay", str(capture), "--config", str(cfg),
-         "--log-file", str(replay_log)],
-        cwd=ROOT, capture_output=True, timeout=3600,
-    )  # fmt: skip
-    replayed = finding_keys(map(json.loads, replay_log.read_text().splitlines()))
+    replayed = replay_per_lifetime(events, capture, cfg, window, work)
     half = seconds / 2
     second_half = {k: [s for s in v if s[0] >= half] for k, v in samples.items()}
     slopes = {k: slope_per_hour(v) for k, v in second_half.items()}
@@ -241,6 +323,8 @@ def main() -> int:
         "missing_exchange_lines": len(answered - logged),
         "rss_mb_end": {k: round(v[-1][1], 1) if v else None for k, v in samples.items()},
         "rss_slope_mb_per_hour": {k: round(v, 1) for k, v in slopes.items()},
+        # (second, MB), a twelfth of the run apart: the shape behind the slope.
+        "rss_mb_over_time": {k: thinned(v, seconds / 12) for k, v in samples.items()},
         "open_files": [min(n for _, n in fds), max(n for _, n in fds)],
         "detector_killed_at_s": killed_at,
         "redis_restarted_at_s": redis_restarted_at,
@@ -251,6 +335,8 @@ def main() -> int:
         "live_findings": len(live),
         "replay_findings": len(replayed),
         "live_replay_differ_outside_unscanned": len(differ),
+        # (victim request, source tenant, which side found it): what to look at first.
+        "differences": sorted([*k, "live" if k in live else "replay"] for k in differ)[:20],
     }
     plateau = all(v <= MAX_SLOPE_MB_PER_HOUR for v in slopes.values())
     checks = {

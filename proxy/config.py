@@ -78,6 +78,7 @@ class DetectionSection:
     same_prompt_similarity: float = _ENGINE.same_prompt_similarity
     window_seconds: float = _ENGINE.window_seconds
     max_fingerprints: int = _ENGINE.max_fingerprints
+    max_rare_words: int = _ENGINE.max_rare_words
     sketch_width_bits: int = _ENGINE.sketch_width_bits
     sketch_half_life: float = _ENGINE.sketch_half_life
     entities: bool = _ENGINE.entities
@@ -341,6 +342,8 @@ def validate(config: Config) -> Config:
         raise ConfigError(
             "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"
         )
+    if d.max_fingerprints < 1 or d.max_rare_words < 1:
+        raise ConfigError("detection: max_fingerprints and max_rare_words must be >= 1")
     _validate_policy(config.policy)
     lim = config.limits
     counts = (lim.max_request_bytes, lim.max_concurrent_exchanges, lim.max_scanned_output_chars,

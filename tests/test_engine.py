@@ -1226,3 +1226,22 @@ def test_a_prompt_holding_what_the_model_wrote_for_others_is_judged_as_the_model
     page = "User: plan the Varnhagen audit Assistant: If you would like more detail"
     found = exchange(engine, "W", "w-1", "News?", f"{page}.", T0 + 3)
     assert kinds(found) == [FRAGMENT] and found[0].source_tenant == "P"
+
+
+def test_max_rare_words_bounds_what_commonness_tracks_and_keeps_plain_words():
+    engine = Engine(EngineConfig(key=b"k" * 32, max_rare_words=50, common_tenants=2))
+    vocabulary = engine.vocabulary
+    shared = [engine.hasher.unit(f"shared{i}") for i in range(5)]
+    vocabulary.learn("a", shared)
+    vocabulary.learn("b", shared)  # two tenants: plain now
+    for n in range(40):
+        vocabulary.learn(f"t{n}", [engine.hasher.unit(f"rare{n}-{i}") for i in range(7)])
+        assert len(vocabulary._users) <= 50
+    assert all(vocabulary.is_plain(u) for u in shared)
+
+
+def test_max_rare_words_below_one_is_a_config_error():
+    from proxy.config import ConfigError, load_text
+
+    with pytest.raises(ConfigError, match="max_rare_words"):
+        load_text("[detection]\nmax_rare_words = 0\n")

@@ -407,6 +407,50 @@ def test_two_files_are_merged_in_time_order(captured):
     assert leak_keys(events) == leak_keys(read_events(captured.live_log))
 
 
+def chat_flow(tenant: str, prompt: str, answer: str, arrived: float, observed: float):
+    """A buffered chat exchange as ``crosstalk run --capture`` saves it: the request
+    complete at ``arrived``, observed by the addon at ``observed``."""
+    flow = tflow.tflow(resp=True)
+    flow.request.method, flow.request.path = "POST", "/v1/chat/completions"
+    flow.request.headers["x-tenant-id"] = tenant
+    flow.request.headers["x-request-id"] = f"{tenant}-{arrived:g}"
+    flow.request.content = json.dumps(
+        {"model": "m", "messages": [{"role": "user", "content": prompt}]}
+    ).encode()
+    flow.request.timestamp_start = flow.request.timestamp_end = arrived
+    flow.metadata[OBSERVED_KEY] = observed
+    flow.response.headers["content-type"] = "application/json"
+    flow.response.content = json.dumps(
+        {"choices": [{"index": 0, "message": {"role": "assistant", "content": answer}}]}
+    ).encode()
+    flow.response.timestamp_start = flow.response.timestamp_end = observed + 0.5
+    return flow
+
+
+def test_the_prompt_clock_is_when_the_request_arrived_not_when_it_was_scanned(captured):
+    """A detector that falls behind observes a prompt late; the window is counted from
+    the request's arrival at the proxy (live and in replay alike), so a source still in
+    the window when the victim's request arrived is found, however late the scan."""
+    private = (
+        "Escrow release for Ingrid Vasquez-Olmstead: wire 48,913 NOK from account "
+        "NO93 8601 1117 947 to the Tromsø depot before the ninth, reference KX-0193-ALPHA."
+    )
+    source = chat_flow("tenant-a", f"Please check this: {private}", "Done.", 1000.0, 1000.1)
+    window = 60.0
+    victim = chat_flow(
+        "tenant-b", "What is on my agenda?", f"Here it is. {private}",
+        arrived=1000.0 + window - 2, observed=1000.0 + window + 5,
+    )  # fmt: skip
+    path = captured.root / "late-scan.flows"
+    with path.open("wb") as f:
+        for flow in (source, victim):
+            FlowWriter(f).add(flow)
+    status, events = captured.replay(path, name="late-scan", extra=("--window", f"{window:g}"))
+    found = [e for e in events if e["event"] == "leak.detected"]
+    assert status == 1, found
+    assert {(e["tenant"], e["source_tenant"]) for e in found} == {("tenant-b", "tenant-a")}
+
+
 # -- corrupt input -----------------------------------------------------------------------------
 
 

@@ -93,6 +93,9 @@ class EngineConfig:
     same_prompt_similarity: float = 0.9  # prompts this similar excuse identical outputs
     window_seconds: float = 600.0
     max_fingerprints: int = 4_000_000
+    # Words used by too few tenants to be plain yet, tracked with their tenants (about
+    # 100 B each); at this many the tracking starts over (plain words are kept).
+    max_rare_words: int = 1_000_000
     sketch_width_bits: int = 21
     sketch_half_life: float = 3600.0
     entities: bool = True
@@ -166,7 +169,9 @@ class Engine:
         self.entities = EntityIndex()
         self.pairs = PairFilter(period=config.sketch_half_life)
         self._tenant_keys: dict[str, int] = {}
-        self.vocabulary = Vocabulary(config.common_tenants, config.plain_share)
+        self.vocabulary = Vocabulary(
+            config.common_tenants, config.plain_share, config.max_rare_words
+        )
         self.baseline: set[int] = set()
         #: Baseline files' fingerprints (``add_baseline_file``), sorted: a large corpus
         #: costs 8 bytes a fingerprint here, not a Python set's ~60.

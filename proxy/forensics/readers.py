@@ -198,6 +198,7 @@ def flow_record(flow: http.HTTPFlow, position: str) -> ExchangeRecord:
         body=req.get_content(strict=False) or b"",
         response=response,
         fallback_id=f"flow-{flow.id}",
+        arrived=req.timestamp_end or req.timestamp_start,
         end=failed_at,
         body_recorded=req.raw_content is not None,
     )

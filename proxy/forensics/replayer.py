@@ -97,6 +97,9 @@ class ExchangeRecord:
     partial: str | None = None  # what of the text the input cut (a log's length limit)
     tenant_missing: str | None = None  # the input names no tenant: why, and what to do
     missing_note: str | None = None  # why a body is not in the input (a log's settings)
+    # When the proxy had the whole request (a flow's ``timestamp_end``): the engine's
+    # clock for the prompt, as live. None: ``time``.
+    arrived: float | None = None
 
     def unrecorded(self) -> str | None:
         """What of this exchange the capture did not keep, or None: a replay must not
@@ -456,7 +459,11 @@ class Replayer:
         if parsed is not None:
             try:
                 monitor.scan = self.engine.observe_prompt(
-                    tenant, request_id, parsed.prompt, now=record.time, model_text=parsed.model_text
+                    tenant,
+                    request_id,
+                    parsed.prompt,
+                    now=record.time if record.arrived is None else record.arrived,
+                    model_text=parsed.model_text,
                 )
             except Exception as e:  # noqa: BLE001 -- fail open, as live
                 monitor.detector_error = f"{type(e).__name__}: {e}"

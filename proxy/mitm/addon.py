@@ -504,11 +504,15 @@ class CrossTalk:
                 flow.metadata[UNSCANNED_KEY] = "the detector process was lagging or gone"
             return
         if parsed is not None:
+            # The engine's clock for this prompt is when the proxy had the request, not
+            # when the idle queue (or the detector process, its copy) got to it: the
+            # capture records the same moment, so a replay expires what live expired.
+            arrived = flow.request.timestamp_end or flow.request.timestamp_start
 
             def observe() -> Generator[None, None, None]:
                 try:
                     monitor.scan = yield from self.engine.observe_prompt_steps(
-                        tenant, request_id, parsed.prompt, model_text=parsed.model_text
+                        tenant, request_id, parsed.prompt, arrived, model_text=parsed.model_text
                     )
                 except Exception as e:  # noqa: BLE001 -- fail open
                     monitor.detector_error = f"{type(e).__name__}: {e}"
