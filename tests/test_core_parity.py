@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from proxy.engine import _core, reference
 from proxy.engine.fingerprint import Hasher
+from proxy.engine.index import CommonnessSketch, FingerprintIndex
 from proxy.engine.tokens import StreamTokenizer, unit_batch
 from proxy.sim.answers import answer_for
 from proxy.sim.faults import FaultInjector
@@ -121,5 +122,72 @@ def test_an_engine_on_the_compiled_core_finds_what_the_python_one_found(monkeypa
     compiled = engine_findings()
     monkeypatch.setattr(_core, "ascii_units", reference.ascii_units)
     monkeypatch.setattr(_core, "kgrams", reference.kgrams)
+    monkeypatch.setattr(_core, "sketch_counts", reference.sketch_counts)
+    monkeypatch.setattr(_core, "FrozenGenerations", reference.FrozenGenerations)
     assert len(compiled) > 20  # the workload's leaks are found at all
     assert engine_findings() == compiled
+
+
+def filled_index(rng: random.Random, keys: list[int]) -> FingerprintIndex:
+    """An index of several frozen generations and a hot one; some keys with several
+    values (in one generation and across generations)."""
+    index = FingerprintIndex(freeze_size=64, max_generations=4)
+    for n, fp in enumerate(keys):
+        index.add(fp, rng.getrandbits(31), now=float(n))
+        if rng.random() < 0.1:
+            index.add(fp, rng.getrandbits(31), now=float(n))
+    return index
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 600))
+def test_frozen_lookup_is_the_reference_one(seed, size):
+    rng = random.Random(seed)
+    keys = [rng.getrandbits(64) for _ in range(size)]
+    keys += rng.choices(keys, k=size // 5) if keys else []  # used again later: other gens
+    index = filled_index(rng, keys)
+    queries = rng.sample(keys, min(len(keys), 40)) + [rng.getrandbits(64) for _ in range(40)]
+    queries += [0, 2**64 - 1]
+    compiled = index.lookup(queries)
+    expected = [((v,) if isinstance(v, int) else tuple(v)) if (v := index._hot.get(q)) is not None
+                else () for q in queries]  # fmt: skip
+    generations = [g.columns for g in index._generations]
+    assert compiled == reference.frozen_values(generations, index._any, 64 - 24, queries, expected)
+    assert any(compiled)  # the keys asked for are found at all
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 300))
+def test_sketch_counts_are_the_reference_ones(seed, size):
+    rng = random.Random(seed)
+    sketch = CommonnessSketch(width_bits=10)
+    fps = [rng.getrandbits(64) for _ in range(size)]
+    for n in range(5):
+        sketch.increment(rng.sample(fps, max(1, size // 2)), now=float(n))
+    queries = fps + [rng.getrandbits(64) for _ in range(20)]
+    compiled = sketch.counts(queries)
+    assert compiled == reference.sketch_counts(
+        sketch._flat, tuple(sketch._seed_ints), sketch._mask_int, sketch._width, queries
+    )
+    assert max(compiled) > 0
+
+
+def test_compiled_lookups_refuse_columns_that_do_not_fit():
+    import numpy as np
+    import pytest
+
+    keys = np.array([1, 2, 3], dtype=np.uint64)
+    values = np.array([7, 8], dtype=np.uint32)  # one short
+    any_bits = bytearray(1 << 21)
+    with pytest.raises(ValueError, match="align"):
+        _core.FrozenGenerations([(keys, values, b"\xff" * 8192, 48)], any_bits, 40)
+    aligned = np.append(values, 9).astype(np.uint32)
+    with pytest.raises(ValueError, match="too short"):
+        _core.FrozenGenerations([(keys, aligned, b"\xff", 48)], any_bits, 40)
+    with pytest.raises(ValueError, match="too short"):
+        _core.FrozenGenerations([(keys, aligned, b"\xff" * 8192, 48)], bytearray(8), 40)
+    frozen = _core.FrozenGenerations([(keys, aligned, b"\xff" * 8192, 48)], any_bits, 40)
+    with pytest.raises(ValueError, match="differ in length"):
+        frozen.values_into([1, 2], [()])
+    with pytest.raises(ValueError, match="do not fit"):
+        _core.sketch_counts(memoryview(bytearray(8)).cast("H"), (1, 2, 3, 4), 1023, 1024, [5])

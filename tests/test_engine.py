@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding
+from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
@@ -708,9 +708,12 @@ def test_index_and_sketch_store_no_text():
             for variant in (word, word.lower()):
                 for encoding in ("utf-8", "utf-16-le", "utf-32-le"):
                     assert variant.encode(encoding) not in blob, (type(part), variant)
+    engine.index.lookup([1, 2, 3])  # builds the compiled view of the generations
     for leaf in _leaves(engine.index):
-        # bytes, bytearray: bitmaps of hash buckets
-        assert isinstance(leaf, int | float | np.ndarray | bytes | bytearray), type(leaf)
+        # bytes, bytearray: bitmaps of hash buckets; FrozenGenerations: pointers into the
+        # generations' own arrays (and never pickled)
+        kinds = int | float | np.ndarray | bytes | bytearray | _core.FrozenGenerations
+        assert isinstance(leaf, kinds), type(leaf)
         if isinstance(leaf, np.ndarray):
             assert leaf.dtype.kind in "ui", leaf.dtype
     for leaf in _leaves(engine.sketch):

@@ -8,7 +8,8 @@ two to the same output over the quality workload and random text.
 """
 
 from cpython.unicode cimport PyUnicode_Substring
-from libc.stdint cimport uint64_t
+from libc.stdint cimport uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
 
 cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
@@ -77,3 +78,126 @@ def kgrams(list hashes, int k):
         h = (h - <uint64_t>hashes[i - 1] * top) * PRIME + <uint64_t>hashes[i + k - 1]
         out.append(mix64(h))
     return out
+
+
+def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
+                  Py_ssize_t width, list fingerprints):
+    """``CommonnessSketch.counts``: per fingerprint, the smallest of its cells, one per
+    row of ``flat`` (the counters, row after row, each ``width`` long), the slot of row
+    ``r`` being bits 29 and up of ``(fp ^ seeds[r]) * C`` under ``mask``."""
+    cdef Py_ssize_t depth = len(seeds), r
+    if depth > 8 or depth * width > flat.shape[0]:
+        raise ValueError("sketch_counts: seeds do not fit the counters")
+    cdef uint64_t s[8]
+    for r in range(depth):
+        s[r] = <uint64_t>seeds[r]
+    cdef uint64_t fp
+    cdef unsigned short low, cell
+    cdef list out = []
+    for item in fingerprints:
+        fp = <uint64_t>item
+        low = 65535
+        for r in range(depth):
+            cell = flat[r * width + <Py_ssize_t>((((fp ^ s[r]) * 0xFF51AFD7ED558CCDULL) >> 29) & mask)]
+            if cell < low:
+                low = cell
+        out.append(low)
+    return out
+
+
+cdef inline Py_ssize_t lower_bound(const uint64_t* keys, Py_ssize_t n, uint64_t key) noexcept nogil:
+    cdef Py_ssize_t lo = 0, hi = n, mid
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+cdef class FrozenGenerations:
+    """The frozen generations of a ``FingerprintIndex``, read in place: built once when
+    they change, so that a lookup acquires no buffer. ``generations`` are ``(keys,
+    values, bitmap, shift)``: sorted uint64 keys, their uint32 values, and a bit per
+    top-``64 - shift``-bits bucket that says "maybe here"; ``any_bits`` is the union of
+    those over ``any_shift``. The arrays must not change while this object lives (the
+    index replaces them, never writes to them, except ``any_bits``, which it only ORs
+    bits into)."""
+
+    cdef Py_ssize_t count
+    cdef const uint64_t** keys
+    cdef const uint32_t** values
+    cdef const unsigned char** bitmaps
+    cdef Py_ssize_t* sizes
+    cdef int* shifts
+    cdef const unsigned char[::1] any_bits
+    cdef int any_shift
+    cdef list held  # the buffers stay acquired while the pointers are used
+
+    def __cinit__(self, list generations, const unsigned char[::1] any_bits, int any_shift):
+        cdef Py_ssize_t g, count = len(generations)
+        cdef const uint64_t[::1] keys
+        cdef const uint32_t[::1] values
+        cdef const unsigned char[::1] bitmap
+        if not 0 < any_shift < 64 or ((<uint64_t>-1) >> any_shift) >> 3 >= <uint64_t>any_bits.shape[0]:
+            raise ValueError("FrozenGenerations: any_bits is too short for its shift")
+        self.count, self.any_bits, self.any_shift, self.held = count, any_bits, any_shift, []
+        self.keys = <const uint64_t**>malloc((count + 1) * sizeof(void*))
+        self.values = <const uint32_t**>malloc((count + 1) * sizeof(void*))
+        self.bitmaps = <const unsigned char**>malloc((count + 1) * sizeof(void*))
+        self.sizes = <Py_ssize_t*>malloc((count + 1) * sizeof(Py_ssize_t))
+        self.shifts = <int*>malloc((count + 1) * sizeof(int))
+        if not (self.keys and self.values and self.bitmaps and self.sizes and self.shifts):
+            raise MemoryError()
+        for g in range(count):
+            gen_keys, gen_values, gen_bitmap, gen_shift = generations[g]
+            keys, values, bitmap = gen_keys, gen_values, gen_bitmap
+            if values.shape[0] != keys.shape[0] or not 0 < gen_shift < 64:
+                raise ValueError("FrozenGenerations: a generation's columns do not align")
+            if ((<uint64_t>-1) >> gen_shift) >> 3 >= <uint64_t>bitmap.shape[0]:
+                raise ValueError("FrozenGenerations: a bitmap is too short for its shift")
+            self.held.append((keys, values, bitmap))
+            self.sizes[g], self.shifts[g] = keys.shape[0], gen_shift
+            self.keys[g] = &keys[0] if keys.shape[0] else NULL
+            self.values[g] = &values[0] if values.shape[0] else NULL
+            self.bitmaps[g] = &bitmap[0]
+
+    def __dealloc__(self):
+        free(self.keys)
+        free(self.values)
+        free(self.bitmaps)
+        free(self.sizes)
+        free(self.shifts)
+
+    def values_into(self, list fingerprints, list result):
+        """Appends to ``result[i]`` (a tuple) the values every generation holds for
+        ``fingerprints[i]``, oldest generation first; returns ``result``."""
+        cdef Py_ssize_t n = len(fingerprints), g, i, j, lo, hi, size
+        cdef uint64_t fp, bucket
+        cdef const uint64_t* keys
+        if len(result) != n:
+            raise ValueError("values_into: result and fingerprints differ in length")
+        for i in range(n):
+            fp = <uint64_t>fingerprints[i]
+            bucket = fp >> self.any_shift
+            if not (self.any_bits[bucket >> 3] >> (bucket & 7)) & 1:
+                continue
+            found = None
+            for g in range(self.count):
+                size = self.sizes[g]
+                bucket = fp >> self.shifts[g]
+                if not size or not (self.bitmaps[g][bucket >> 3] >> (bucket & 7)) & 1:
+                    continue
+                keys = self.keys[g]
+                lo = lower_bound(keys, size, fp)
+                if lo == size or keys[lo] != fp:
+                    continue
+                hi = lo + 1
+                while hi < size and keys[hi] == fp:
+                    hi += 1
+                got = tuple([self.values[g][j] for j in range(lo, hi)])
+                found = got if found is None else found + got
+            if found is not None:
+                result[i] = result[i] + found if result[i] else found
+        return result

@@ -19,6 +19,8 @@ from itertools import compress
 
 import numpy as np
 
+from proxy.engine import _core
+
 _EMPTY: tuple[int, ...] = ()
 _MASK64 = (1 << 64) - 1
 _SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call overhead
@@ -36,6 +38,7 @@ class _Generation:
     newest: float  # time of the newest fingerprint in it
     bitmap: bytes = b""  # one bit per top-bits bucket: "maybe here" (about 2 bits a key)
     shift: int = 64
+    columns: tuple = ()  # (keys, values, bitmap, shift): what _core.frozen_values reads
 
     def __post_init__(self) -> None:
         bits = max(16, (len(self.keys) * 16 - 1).bit_length())  # ~16 buckets a key
@@ -44,19 +47,9 @@ class _Generation:
         bitmap = np.zeros((1 << bits) // 8, dtype=np.uint8)
         np.bitwise_or.at(bitmap, buckets >> 3, (1 << (buckets & 7)).astype(np.uint8))
         self.bitmap = bitmap.tobytes()
-
-    def may_hold(self, fp: int) -> bool:
-        bucket = fp >> self.shift
-        return bool(self.bitmap[bucket >> 3] >> (bucket & 7) & 1)
-
-    def values_of(self, fp: int) -> tuple[int, ...]:
-        keys = self.keys
-        key = np.uint64(fp)  # a bare Python int above 2**63 would convert the whole array
-        lo = int(keys.searchsorted(key))
-        if lo == len(keys) or int(keys[lo]) != fp:
-            return _EMPTY
-        hi = int(keys.searchsorted(key, side="right"))
-        return tuple(self.values[lo:hi].tolist())
+        self.keys = np.ascontiguousarray(self.keys, dtype=np.uint64)
+        self.values = np.ascontiguousarray(self.values, dtype=np.uint32)
+        self.columns = (self.keys, self.values, self.bitmap, self.shift)
 
 
 class FingerprintIndex:
@@ -87,6 +80,7 @@ class FingerprintIndex:
         # One bit per top-bits bucket of every frozen key: most fingerprints of a stream
         # are new, and one test here spares the test of each generation's own bitmap.
         self._any = bytearray(1 << (_ANY_BITS - 3))
+        self._frozen: _core.FrozenGenerations | None = None  # built by lookup, reset by changes
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -140,7 +134,8 @@ class FingerprintIndex:
                 hot = self._hot  # the hot generation starts afresh
 
     def lookup(self, fingerprints: Sequence[int]) -> list[tuple[int, ...]]:
-        """Values for each fingerprint, in order (empty tuple when unknown)."""
+        """Values for each fingerprint, in order (empty tuple when unknown): the hot
+        generation's first, then each frozen one's, oldest first."""
         result: list[tuple[int, ...]] = [_EMPTY] * len(fingerprints)
         hot = self._hot
         # Membership in C first: most fingerprints of a scan are not in the hot dict.
@@ -149,35 +144,14 @@ class FingerprintIndex:
             result[i] = (v,) if isinstance(v, int) else tuple(v)
         if not self._generations or not fingerprints:
             return result
-        if len(fingerprints) <= _SCALAR_BATCH:
-            # A few fingerprints (one SSE delta): the bitmaps answer most of them
-            # without a numpy call.
-            any_bits, shift = self._any, 64 - _ANY_BITS
-            for i, fp in enumerate(fingerprints):
-                bucket = fp >> shift
-                if not any_bits[bucket >> 3] >> (bucket & 7) & 1:
-                    continue
-                for gen in self._generations:
-                    if gen.may_hold(fp) and (found := gen.values_of(fp)):
-                        result[i] = result[i] + found
-            return result
-        query = np.fromiter(fingerprints, dtype=np.uint64, count=len(fingerprints))
-        for gen in self._generations:
-            keys, values = gen.keys, gen.values
-            pos = np.minimum(keys.searchsorted(query), len(keys) - 1)
-            hit = np.flatnonzero(keys[pos] == query)
-            if not hit.size:
-                continue
-            # Prompts repeat text the index holds (system prompts, earlier turns): hits
-            # are many, so their bounds and first values come from one call each.
-            lo = pos[hit]
-            hi = keys.searchsorted(query[hit], side="right")
-            for i, a, b, first in zip(
-                hit.tolist(), lo.tolist(), hi.tolist(), values[lo].tolist(), strict=True
-            ):
-                found = (first,) if b - a == 1 else tuple(values[a:b].tolist())
-                result[i] = result[i] + found if result[i] else found
-        return result
+        if self._frozen is None:  # compiled; reference.frozen_values is the Python it replaced
+            columns = [g.columns for g in self._generations]
+            self._frozen = _core.FrozenGenerations(columns, self._any, 64 - _ANY_BITS)
+        fps = fingerprints if isinstance(fingerprints, list) else list(fingerprints)
+        return self._frozen.values_into(fps, result)
+
+    def __getstate__(self) -> dict:
+        return {**{s: getattr(self, s) for s in self.__dict__}, "_frozen": None}
 
     def evict(self, older_than: float) -> int:
         """Drop generations whose newest fingerprint is older than ``older_than``."""
@@ -219,11 +193,13 @@ class FingerprintIndex:
         self._compact()
 
     def _mark_any(self, keys: np.ndarray) -> None:
+        self._frozen = None  # the generations changed
         buckets = (keys >> np.uint64(64 - _ANY_BITS)).astype(np.intp)
         bits = np.frombuffer(self._any, dtype=np.uint8)
         np.bitwise_or.at(bits, buckets >> 3, np.left_shift(1, buckets & 7).astype(np.uint8))
 
     def _rebuild_any(self) -> None:
+        self._frozen = None  # the generations changed
         self._any = bytearray(len(self._any))
         for gen in self._generations:
             self._mark_any(gen.keys)
@@ -248,6 +224,7 @@ class FingerprintIndex:
                 keys[order], np.concatenate([a.values, b.values])[order], max(a.newest, b.newest)
             )
             self._generations[i : i + 2] = [merged]
+            self._frozen = None
 
 
 class CommonnessSketch:
@@ -307,16 +284,15 @@ class CommonnessSketch:
         return ((mixed >> np.uint64(29)) & self._mask).astype(np.intp)
 
     def counts(self, fingerprints: Sequence[int]) -> list[int]:
-        """Estimated distinct-tenant count of each fingerprint."""
-        if len(fingerprints) <= _SCALAR_BATCH:
-            flat, cells = self._flat, self._cells
-            counts = []
-            for fp in fingerprints:
-                a, b, c, d = cells(int(fp))
-                counts.append(min(flat[a], flat[b], flat[c], flat[d]))
-            return counts
-        array = np.asarray(fingerprints, dtype=np.uint64)
-        return self._counts[self._rows, self._slots(array)].min(axis=0).tolist()
+        """Estimated distinct-tenant count of each fingerprint (compiled: the cells are
+        ``_cells``'s, ``reference.sketch_counts`` is the Python it replaced)."""
+        return _core.sketch_counts(
+            self._flat,
+            tuple(self._seed_ints),
+            self._mask_int,
+            self._width,
+            fingerprints if isinstance(fingerprints, list) else list(fingerprints),
+        )
 
     def increment(self, fingerprints: Sequence[int], now: float) -> None:
         self._decay(now)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import numpy as np
+
 from proxy.engine.fingerprint import _MASK, _PRIME, _mix64
 
 _ASCII_UNIT_RE = re.compile(r"[^\W_]+", re.ASCII)
@@ -32,3 +34,52 @@ def kgrams(hashes: Sequence[int], k: int) -> list[int]:
             h = (h * _PRIME + u) & _MASK
         out.append(_mix64(h))
     return out
+
+
+def sketch_counts(
+    flat: Sequence[int], seeds: tuple[int, ...], mask: int, width: int, fingerprints: list[int]
+) -> list[int]:
+    """``_core.sketch_counts``: the smallest of each fingerprint's cells, one per row."""
+    return [
+        min(flat[r * width + (((fp ^ seed) * 0xFF51AFD7ED558CCD >> 29) & mask)]
+            for r, seed in enumerate(seeds))
+        for fp in fingerprints
+    ]  # fmt: skip
+
+
+def frozen_values(
+    generations: list[tuple[np.ndarray, np.ndarray, bytes, int]],
+    any_bits: bytes | bytearray,
+    any_shift: int,
+    fingerprints: list[int],
+    result: list[tuple[int, ...]],
+) -> list[tuple[int, ...]]:
+    """``_core.frozen_values``: each generation's values for each fingerprint appended
+    to ``result``, oldest generation first (bitmaps, then a binary search)."""
+    for i, fp in enumerate(fingerprints):
+        bucket = fp >> any_shift
+        if not any_bits[bucket >> 3] >> (bucket & 7) & 1:
+            continue
+        for keys, values, bitmap, shift in generations:
+            bucket = fp >> shift
+            if not bitmap[bucket >> 3] >> (bucket & 7) & 1:
+                continue
+            key = np.uint64(fp)  # a bare Python int above 2**63 would convert the array
+            lo = int(keys.searchsorted(key))
+            if lo == len(keys) or int(keys[lo]) != fp:
+                continue
+            hi = int(keys.searchsorted(key, side="right"))
+            result[i] = result[i] + tuple(values[lo:hi].tolist())
+    return result
+
+
+class FrozenGenerations:
+    """``_core.FrozenGenerations``: ``frozen_values`` over the generations it was made of."""
+
+    def __init__(self, generations: list, any_bits: bytes | bytearray, any_shift: int) -> None:
+        self.generations, self.any_bits, self.any_shift = generations, any_bits, any_shift
+
+    def values_into(
+        self, fingerprints: list[int], result: list[tuple[int, ...]]
+    ) -> list[tuple[int, ...]]:
+        return frozen_values(self.generations, self.any_bits, self.any_shift, fingerprints, result)
