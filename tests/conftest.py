@@ -112,7 +112,11 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> N
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
 
 
-def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 15.0) -> int:
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+    """Signal ``proc`` and wait for it; killed after ``timeout`` s. The default outlasts
+    the proxy's own bound on stopping (its detector process may take STOP_TIMEOUT, 30 s,
+    to finish the exchanges it was sent: on a busy machine a detector still starting
+    needs that), so a proxy that stops cleanly is never counted as hung."""
     if proc.poll() is None:
         proc.send_signal(sig)
         try:

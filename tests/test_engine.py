@@ -1196,6 +1196,21 @@ def test_a_string_the_model_writes_for_three_tenants_is_its_habit():
     assert exchange(engine, "D", "d-1", "Which address?", habit, T0 + 3) == []
 
 
+def test_the_models_answer_to_the_same_question_keeps_its_entity_known():
+    """A and B asked the same question and got the model's entity (no prompt held it):
+    B's answer is an echo, not a leak, and it renews the entity's life. Once A's use has
+    left the window, B's answer mis-routed to C is still a leak of B's, and B's own next
+    answer with it is not a leak of C's."""
+    engine = make_engine(window_seconds=60)
+    question = "Which order number did the booking system give my request?"
+    answer = "Your order: 48213377."
+    exchange(engine, "A", "a-1", question, answer, T0)
+    assert exchange(engine, "B", "b-1", question, answer, T0 + 50) == []
+    found = exchange(engine, "C", "c-1", "Weather?", "Sunny. Also 48213377.", T0 + 70)
+    assert kinds(found) == [ENTITY] and found[0].source_request_id == "b-1"
+    assert exchange(engine, "B", "b-2", question, answer, T0 + 80) == []
+
+
 def test_an_iban_cut_short_by_the_page_is_still_that_account():
     iban = "GB12 WEST 1234 5698 7654 31"
     engine = make_engine()

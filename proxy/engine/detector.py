@@ -534,6 +534,9 @@ class ResponseScan:
         self._now = prompt.time
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
         self._foreign_entities: set[str] = set()  # ids found here that are not ours
+        # ... of which only answers to the same question held them: the model's answer
+        # again, which this output shares with them (it renews the entity's life).
+        self._echoed_entities: set[str] = set()
         self._similar: dict[int, bool] = {}  # slot -> asked (nearly) the same as this one
         self._to_count: list[int] = []  # output fingerprints to count in the sketch
         self.finished = False
@@ -599,7 +602,7 @@ class ResponseScan:
         found = self._entity_findings(choice, [(s, e, i) for _, i, s, e in state.extracted])
         output_value = (self.slot << 1) | 1
         for kind, entity_id, _, _ in state.extracted:
-            if entity_id in self._foreign_entities:
+            if entity_id in self._foreign_entities and entity_id not in self._echoed_entities:
                 owner = engine.entities.table.get(entity_id)
                 if owner is not None and owner.model_born() and len(owner.echoes) < 8:
                     owner.echoes.add(self.tenant)  # the model wrote it here too
@@ -917,6 +920,7 @@ class ResponseScan:
                 if not (value & 1 and self._same_question(value >> 1))
             ]
             if not sources:
+                self._echoed_entities.add(entity_id)
                 continue  # only in answers to the same question
             tenant, value = sources[0]
             slot = value >> 1
