@@ -1263,3 +1263,35 @@ def test_max_rare_words_below_one_is_a_config_error():
 
     with pytest.raises(ConfigError, match="max_rare_words"):
         load_text("[detection]\nmax_rare_words = 0\n")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 11), st.lists(st.integers(0, 30), max_size=8)), max_size=60),
+    st.sampled_from([2, 3, 4]),
+)
+def test_vocabulary_counts_tenants_exactly_in_every_representation(steps, common):
+    """Names, bitsets and the fallback to names past the bitset's tenants (4 here) all
+    count distinct tenants as a set of names would: the same words turn plain."""
+    import proxy.engine.detector as detector
+
+    vocabulary = detector.Vocabulary(common, plain_share=0.5)
+    users: dict[int, set[str]] = {}
+    plain: set[int] = set()
+    tenants: set[str] = set()
+    saved = detector.BITSET_TENANTS
+    detector.BITSET_TENANTS = 4
+    try:
+        for who, units in steps:
+            tenant = f"t{who}"
+            vocabulary.learn(tenant, units)
+            tenants.add(tenant)
+            needed = max(common, 0.5 * len(tenants))
+            for unit in set(units) - plain:
+                users.setdefault(unit, set()).add(tenant)
+                if len(users[unit]) >= needed:
+                    plain.add(unit)
+                    del users[unit]
+            assert vocabulary.plain == plain
+    finally:
+        detector.BITSET_TENANTS = saved

@@ -67,12 +67,13 @@ def crosstalk(tmp: Path, upstream: str, tls: dict[str, object]) -> Iterator[tupl
         return [sys.executable, "-m", "proxy", "run", "--listen-port", str(port),
                 "--upstream", upstream, "--config", str(cfg), "--log-file", str(log)]  # fmt: skip
 
-    with (tmp / f"{name}.stderr").open("wb") as err:
+    stderr = tmp / f"{name}.stderr"
+    with stderr.open("wb") as err:
         proc, port = start_server(command, stderr=err)
     try:
         yield f"{LOOPBACK}:{port}", log
     finally:
-        assert stop(proc) == 0
+        assert stop(proc) == 0, stderr.read_text(errors="replace")[-4000:]
 
 
 def engine_saw(upstream: str, pki: dict[str, Path], request_id: str, cert: bool = False):

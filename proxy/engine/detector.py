@@ -1097,6 +1097,9 @@ def is_specific_number(unit: str) -> bool:
     return not (len(unit) == 4 and unit[:2] in ("19", "20"))
 
 
+BITSET_TENANTS = 8192  # a word's users as bits while all are among the first this many
+
+
 class Vocabulary:
     """Which words most tenants use: learned from traffic, bounded.
 
@@ -1107,41 +1110,70 @@ class Vocabulary:
     Holds keyed unit hashes, never words.
     """
 
-    __slots__ = ("_common_tenants", "_share", "_users", "_plain", "_tenants", "max_entries")
+    __slots__ = (
+        "_common_tenants", "_share", "_users", "_plain", "_tenants", "_names", "max_entries"
+    )  # fmt: skip
 
     def __init__(
         self, common_tenants: int, plain_share: float = 0.25, max_entries: int = 1_000_000
     ) -> None:
         self._common_tenants = common_tenants
         self._share = plain_share
-        self._users: dict[int, str | set[str]] = {}  # one tenant, or the set of them
+        # A word's users: one tenant's name (most words), a bitset over tenant numbers
+        # (words of a few or many of the first BITSET_TENANTS tenants: 1,000 tenants in
+        # ~150 bytes, where a set of them took 1.6 KB), or else the set of their names.
+        self._users: dict[int, str | int | set[str]] = {}
         self._plain: set[int] = set()
-        self._tenants: set[str] = set()
+        self._tenants: dict[str, int] = {}  # name -> number, in order of first use
+        self._names: list[str] = []  # number -> name
         self.max_entries = max_entries
 
     def learn(self, tenant: str, units: Iterable[int]) -> None:
-        plain, users = self._plain, self._users
-        if tenant not in self._tenants and len(self._tenants) < 1_000_000:
-            self._tenants.add(tenant)
-        needed = max(self._common_tenants, self._share * len(self._tenants))
+        plain, users, tenants = self._plain, self._users, self._tenants
+        if tenant not in tenants and len(tenants) < 1_000_000:
+            tenants[tenant] = len(self._names)
+            self._names.append(tenant)
+        needed = max(self._common_tenants, self._share * len(tenants))
+        number = tenants.get(tenant, BITSET_TENANTS)
+        bit = 1 << number if number < BITSET_TENANTS else 0
         for unit in set(units).difference(plain):  # C: most words are plain
             seen = users.get(unit)
             if seen is None:
                 if len(users) >= self.max_entries:
                     users.clear()  # rare words of the past; plain ones are kept
-                # Most words are only ever one tenant's: a set each would cost ~200 bytes.
                 users[unit] = tenant
-            elif isinstance(seen, str):
-                if seen != tenant:
-                    users[unit] = {seen, tenant}
-                    if needed <= 2:
-                        plain.add(unit)
-                        del users[unit]
-            elif tenant not in seen:
+                continue
+            if isinstance(seen, str):
+                if seen == tenant:
+                    continue
+                other = tenants.get(seen, BITSET_TENANTS)
+                if bit and other < BITSET_TENANTS:
+                    seen = users[unit] = bit | 1 << other
+                else:
+                    seen = users[unit] = {seen, tenant}
+            elif isinstance(seen, int):
+                if seen & bit:
+                    continue
+                if bit:
+                    seen = users[unit] = seen | bit
+                else:  # a tenant beyond the bitset's: names from here on
+                    seen = users[unit] = self._names_of(seen) | {tenant}
+            elif tenant in seen:
+                continue
+            else:
                 seen.add(tenant)
-                if len(seen) >= needed:
-                    plain.add(unit)
-                    del users[unit]
+            if (seen.bit_count() if isinstance(seen, int) else len(seen)) >= needed:
+                plain.add(unit)
+                del users[unit]
+
+    def _names_of(self, bits: int) -> set[str]:
+        names, number = set(), 0
+        while bits:
+            if bits & 1:
+                names.add(self._names[number])
+            bits >>= 1
+            number += 1
+        return names
 
     @property
     def plain(self) -> set[int]:
