@@ -160,6 +160,29 @@ def replay_per_lifetime(
     return found
 
 
+def scrape_gc(port: int) -> dict[str, float] | None:
+    """The garbage collector's figures from a ``/metrics`` endpoint (None: no answer)."""
+    try:
+        text = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    except httpx2.HTTPError:
+        return None
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in GC_METRICS:
+            values[GC_METRICS[name]] = float(value)
+    if "longest_pause_ms" in values:
+        values["longest_pause_ms"] = round(values["longest_pause_ms"] * 1000, 2)
+    return values
+
+
+GC_METRICS = {
+    "crosstalk_gc_pause_longest_seconds": "longest_pause_ms",
+    "crosstalk_gc_collections_total": "collections",
+    "crosstalk_gc_pause_seconds_total": "seconds_paused",
+}
+
+
 def wait_port(port: int, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -216,13 +239,14 @@ def main() -> int:
                              "or --no-redis)")  # fmt: skip
         redis = Redis(binary, work)
         redis.start()
+    sim_port, port, metrics_port = free_port(), free_port(), free_port()
     cfg = work / "crosstalk.toml"
     window = round(max(30.0, seconds / 5))
     cfg.write_text(
         f'[detection]\nkey = "{TEST_KEY}"\nwindow_seconds = {window}\n'
         f"max_rare_words = {args.max_rare_words}\n"
+        f"[metrics]\nport = {metrics_port}\n"
     )
-    sim_port, port = free_port(), free_port()
     log, capture = work / "events.jsonl", work / "capture.flows"
     sim = subprocess.Popen(
         [sys.executable, "-m", "proxy", "sim", "--port", str(sim_port), "--token-delay", "0.002",
@@ -241,6 +265,7 @@ def main() -> int:
     samples: dict[str, list[tuple[float, float]]] = {"proxy": [], "detector": []}
     fds: list[tuple[float, int]] = []
     killed_at = redis_restarted_at = None
+    gc_pauses: dict[str, float] | None = None
     try:
         wait_port(sim_port)
         wait_port(port)
@@ -291,6 +316,7 @@ def main() -> int:
             time.sleep(5)
         for t in threads:
             t.join(120)
+        gc_pauses = scrape_gc(metrics_port)
     finally:
         proxy.send_signal(signal.SIGTERM)
         proxy.wait(60)
@@ -331,6 +357,8 @@ def main() -> int:
         "index_degraded": sum(e["event"] == "index.degraded" for e in events),
         "index_recovered": sum(e["event"] == "index.recovered" for e in events),
         "detector_restarts": sum(e["event"] == "detector.ready" for e in events) - 1,
+        # The detector process serves the metrics: its collector, since its restart.
+        "detector_gc": gc_pauses,
         "unscanned_exchanges": len(unscanned),
         "live_findings": len(live),
         "replay_findings": len(replayed),

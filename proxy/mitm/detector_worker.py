@@ -37,6 +37,7 @@ from proxy.mitm.addon import CrossTalk
 from proxy.mitm.detector_process import READ_SIZE, FrameDecoder, encode
 from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
 from proxy.mitm.wiring import default_addons
+from proxy.pipeline.exchange import GC_PAUSES
 
 _PEER = ("127.0.0.1", 0)  # a copy's client when the proxy sent no peer
 
@@ -169,7 +170,11 @@ async def serve(read_fd: int, write_fd: int) -> int:
     except Exception as e:  # noqa: BLE001 -- reported to the proxy, which stops
         os.write(write_fd, encode("failed", str(e)))
         return 1
-    os.write(write_fd, encode("ready", os.getpid()))
+    GC_PAUSES.settle()
+    try:
+        os.write(write_fd, encode("ready", os.getpid()))
+    except BrokenPipeError:  # the proxy stopped (or was killed) while this one started
+        return 0
     running = asyncio.create_task(master.run())
     copies = ExchangeCopies(master, reply, confirm)
     while (message := await frames.get()) is not None and message[0] != "stop":
