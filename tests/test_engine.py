@@ -1295,3 +1295,25 @@ def test_vocabulary_counts_tenants_exactly_in_every_representation(steps, common
             assert vocabulary.plain == plain
     finally:
         detector.BITSET_TENANTS = saved
+
+
+def test_a_small_number_in_the_source_prompt_does_not_tie_the_models_code_to_it():
+    """Seen once in the enforce e2e (1 of 1,354 clean answers blocked): two tenants'
+    first answers share the model's code scaffold; the source's system prompt numbers
+    its rules ("1."), and the scaffold's ``+ 1`` counted as restating that prompt."""
+    from proxy.config import Config
+    from proxy.factory import build_engine
+    from proxy.sim.answers import answer_for
+    from proxy.sim.workload import Workload
+
+    reqs = {r.request_id: r for r in Workload(tenants=24, seed=21).requests(100)}
+    source, victim = reqs["req-tenant-21-000001"], reqs["req-tenant-00-000001"]
+    engine = build_engine(Config())  # fresh, with the shipped vocabulary and baseline
+    exchange(engine, source.tenant, "s", source.prompt_text(), answer_for(source.prompt_text()), T0)
+    answer = answer_for(victim.prompt_text())
+    assert "results.get(key, 0) + 1" in answer  # the shared scaffold is there
+    words = answer.split(" ")
+    pieces = [" ".join(words[i : i + 2]) + " " for i in range(0, len(words), 2)]
+    pieces[-1] = pieces[-1][:-1]
+    assert exchange(engine, victim.tenant, "v", victim.prompt_text(), answer, T0 + 1,
+                    pieces=pieces) == []  # fmt: skip

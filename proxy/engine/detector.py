@@ -179,6 +179,11 @@ class Engine:
         #: Unit hashes of numbers that are public by convention (test cards, 555).
         self.public_numbers = frozenset(self.hasher.units(sorted(public_number_texts())))
         self.exchange_555 = self.hasher.unit("555")
+        # Numbers that tie an answer to nobody: a list's "1.", a count, a year. Restated
+        # by an answer they prove nothing (is_specific_number says the same of outputs).
+        self.trivial_numbers = frozenset(
+            self.hasher.units([str(n) for n in range(100)] + [str(y) for y in range(1900, 2100)])
+        )
         self._baseline_entities: set[str] = set()
         self._requests: dict[int, _Request] = {}
         self._order: deque[int] = deque()  # slots by time, for expiry
@@ -343,7 +348,7 @@ class Engine:
         signature = np.unique(np.array(private, dtype=np.uint64))
         # The user's words: what earlier assistant turns of the prompt wrote is a model's.
         users = (Counter(hashes) - Counter(model_hashes)) if model_hashes else hashes
-        rare = set(users).difference(self.vocabulary.plain)
+        rare = set(users).difference(self.vocabulary.plain, self.trivial_numbers)
         slot = self._new_slot(
             tenant,
             record.request_id,
