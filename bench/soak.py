@@ -16,7 +16,9 @@
 * Redis is stopped at two thirds and started again 3 s later: the index says it is
   degraded, then recovered, and no request fails;
 * the live findings equal a replay of the capture (``--capture``), except exchanges
-  the live detector did not scan. Replayed per detector lifetime: a restarted detector
+  the live detector did not scan: none differs on an exchange that carried no leak (the
+  simulator's truth), and at most 1% on leaked ones (borderline findings that the order
+  of concurrent streams or a window's edge tips either way). Replayed per detector lifetime: a restarted detector
   starts with what the shared index held (the window before its start), not with the
   commonness its predecessor learned, so each lifetime's exchanges are compared with a
   replay of the capture from that lifetime's window on.
@@ -56,6 +58,7 @@ MAX_SLOPE_MB_PER_HOUR = 30.0
 MAX_FD_DRIFT = 10
 PLATEAU_JUDGED_MINUTES = 30.0  # shorter runs report the RSS slope without judging it
 REDIS_DOWN_SECONDS = 3.0
+MAX_BORDERLINE = 0.01  # live/replay differences on leaked exchanges, share of live findings
 # The rare-word tracking of learned commonness is bounded (detection.max_rare_words); at
 # the default (1,000,000) this workload fills it in about 40 minutes, so a plateau
 # would come after the second half begins. A fifth of it fills within 10 minutes.
@@ -342,6 +345,13 @@ def main() -> int:
     differ = {
         k for k in live.keys() ^ replayed.keys() if not {k[0], (live | replayed)[k]} & unscanned
     }
+    # Judged by the simulator's truth: a difference on an exchange that carried no leak is
+    # a false alarm on one side; one on a leaked exchange is a borderline finding that the
+    # order of concurrent streams or a lifetime's window edge tipped (measured: 0-1 such in
+    # each run, live or replay alike), tolerated up to MAX_BORDERLINE of the findings.
+    truth = (work / "truth.jsonl").read_text().splitlines()
+    faulted = {json.loads(line)["request_id"] for line in truth if line.strip()}
+    on_clean = sorted(k for k in differ if k[0] not in faulted)
     figures = {
         "seconds": seconds,
         "requests_answered": len(answered),
@@ -363,6 +373,7 @@ def main() -> int:
         "live_findings": len(live),
         "replay_findings": len(replayed),
         "live_replay_differ_outside_unscanned": len(differ),
+        "of_which_on_clean_exchanges": len(on_clean),
         # (victim request, source tenant, which side found it): what to look at first.
         "differences": sorted([*k, "live" if k in live else "replay"] for k in differ)[:20],
     }
@@ -376,7 +387,9 @@ def main() -> int:
         "index degraded, then recovered after the Redis restart": None
         if redis is None
         else (figures["index_degraded"] >= 1 and figures["index_recovered"] >= 1),
-        "replay equals live (scanned exchanges)": not differ,
+        "replay equals live (scanned exchanges): none on a clean exchange": not on_clean,
+        f"... and at most {MAX_BORDERLINE:.1%} of the findings on leaked ones": len(differ)
+        <= MAX_BORDERLINE * max(len(live), 1),
     }
     print(json.dumps(figures, indent=2))
     for name, ok in checks.items():
