@@ -179,10 +179,11 @@ class Engine:
         #: Unit hashes of numbers that are public by convention (test cards, 555).
         self.public_numbers = frozenset(self.hasher.units(sorted(public_number_texts())))
         self.exchange_555 = self.hasher.unit("555")
-        # Numbers that tie an answer to nobody: a list's "1.", a count, a year. Restated
-        # by an answer they prove nothing (is_specific_number says the same of outputs).
+        # Numbers that tie an answer to nobody (a list's "1.", a count, a year): restated
+        # by an answer they prove nothing. The same rule as outputs' (is_specific_number).
+        numbers = [str(n) for n in range(10_000)] + [f"{n:02d}" for n in range(10)]
         self.trivial_numbers = frozenset(
-            self.hasher.units([str(n) for n in range(100)] + [str(y) for y in range(1900, 2100)])
+            self.hasher.units([n for n in numbers if not is_specific_number(n)])
         )
         self._baseline_entities: set[str] = set()
         self._requests: dict[int, _Request] = {}

@@ -132,7 +132,8 @@ class _Collector:
         )
         yield GaugeMetricFamily(
             "crosstalk_gc_pause_longest_seconds",
-            "The longest single collection since the process started.",
+            "The longest single collection since start-up (a detector process: since it "
+            "was ready).",
             value=GC_PAUSES.longest,
         )
         yield GaugeMetricFamily(
