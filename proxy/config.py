@@ -15,7 +15,13 @@ from typing import Any
 
 from proxy.engine import EngineConfig
 from proxy.store.journal import JournalSettings
-from proxy.tenants import DEFAULT_TRUSTED_PEERS, SOURCES
+from proxy.tenants import (
+    DEFAULT_SOURCES,
+    DEFAULT_TRUSTED_PEERS,
+    SOURCES,
+    check_jwt_algorithms,
+    load_jwt_key,
+)
 
 MODES = ("shadow", "enforce")
 LOG_FORMATS = ("auto", "json", "console")
@@ -42,7 +48,7 @@ class ProxySection:
 
 @dataclass(frozen=True, slots=True)
 class TenantSection:
-    sources: tuple[str, ...] = SOURCES
+    sources: tuple[str, ...] = DEFAULT_SOURCES
     header: str = "X-Tenant-ID"
     unknown: str = "anonymous"  # or "reject": 400 with an OpenAI-format error
     api_keys: dict[str, str] = field(default_factory=dict)
@@ -53,6 +59,13 @@ class TenantSection:
     # (an auth gateway in front); the header is removed before the request goes upstream.
     gateway_header: str = "X-Crosstalk-Gateway"
     gateway_secret: str = ""
+    # Source "jwt": the tenant is a claim of a JWT bearer token verified with this key
+    # file (PEM public key or certificate; for HS* algorithms the shared secret).
+    jwt_key_file: str = ""
+    jwt_algorithms: tuple[str, ...] = ("RS256",)
+    jwt_claim: str = "sub"
+    jwt_audience: str = ""  # empty: not checked
+    jwt_issuer: str = ""  # empty: not checked
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +351,19 @@ def validate(config: Config) -> Config:
             raise ConfigError(f"tenants.trusted_peers: {e}") from None
     if t.gateway_secret and len(t.gateway_secret) < 16:
         raise ConfigError("tenants.gateway_secret must be at least 16 characters")
+    if "jwt" in t.sources and not t.jwt_key_file:
+        raise ConfigError("tenants.sources has 'jwt': set tenants.jwt_key_file")
+    try:
+        check_jwt_algorithms(t.jwt_algorithms)
+    except ValueError as e:
+        raise ConfigError(f"tenants.{e}") from None
+    if t.jwt_key_file:
+        try:
+            load_jwt_key(Path(t.jwt_key_file).read_bytes(), t.jwt_algorithms)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"tenants.jwt_key_file {t.jwt_key_file}: {e}") from None
+    if not t.jwt_claim:
+        raise ConfigError("tenants.jwt_claim must name a claim")
     if d.k < 2 or d.winnow_window < 1 or d.min_run_words <= 0 or d.common_tenants < 2:
         raise ConfigError(
             "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"

@@ -4,11 +4,13 @@ proxy, the detector process, ``crosstalk replay`` and the benchmarks, so all det
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from proxy.config import Config, ConfigError
 from proxy.defaults import load_baseline, load_vocabulary
 from proxy.engine import Engine, EngineConfig
 from proxy.engine.baseline import Baseline, BaselineError
-from proxy.tenants import TenantRules
+from proxy.tenants import TenantRules, load_jwt_key
 
 
 def word_lists(config: Config) -> tuple[list[str], list[str]]:
@@ -48,8 +50,15 @@ def build_engine(
 
 def tenant_rules(config: Config, secret: bytes) -> TenantRules:
     """How requests are attributed to tenants; ``secret`` keys the pseudonyms of
-    unmapped API keys (the engine's key, so they are stable under a fixed key)."""
+    unmapped API keys (the engine's key, so they are stable under a fixed key).
+    ConfigError for a JWT key file that cannot be used."""
     t = config.tenants
+    jwt_key = None
+    if t.jwt_key_file:
+        try:
+            jwt_key = load_jwt_key(Path(t.jwt_key_file).read_bytes(), t.jwt_algorithms)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"tenants.jwt_key_file {t.jwt_key_file}: {e}") from None
     return TenantRules(
         sources=t.sources,
         header=t.header,
@@ -58,4 +67,9 @@ def tenant_rules(config: Config, secret: bytes) -> TenantRules:
         trusted_peers=t.trusted_peers,
         gateway_header=t.gateway_header,
         gateway_secret=t.gateway_secret,
+        jwt_key=jwt_key,
+        jwt_algorithms=t.jwt_algorithms,
+        jwt_claim=t.jwt_claim,
+        jwt_audience=t.jwt_audience,
+        jwt_issuer=t.jwt_issuer,
     )

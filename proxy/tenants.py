@@ -7,7 +7,11 @@ Sources are tried in the configured order, first match wins:
   config's table (plain keys, or ``sha256:`` + the hex SHA-256 of a key, so the config
   holds no secret); an unmapped key becomes ``key:`` + 12 hex of a keyed hash, so the
   key itself never reaches a log;
-* ``user`` -- the request body's ``user`` field (OpenAI).
+* ``user`` -- the request body's ``user`` field (OpenAI);
+* ``jwt`` -- a claim (``jwt_claim``) of a JSON Web Token in ``Authorization: Bearer``,
+  verified with the operator's key (PyJWT): signature, ``exp`` (required), and the
+  audience and issuer when configured -- the way API gateways pass identity on. A token
+  that fails is ignored and reported like an untrusted claim; the next source decides.
 
 A header or a ``user`` field is what a client *says* it is: anyone can send a victim's
 name, and then a real leak to them is their "own" text, never a finding. So those two
@@ -25,10 +29,21 @@ import ipaddress
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-SOURCES = ("header", "api_key", "user")
+import jwt
+
+DEFAULT_SOURCES = ("header", "api_key", "user")
+SOURCES = (*DEFAULT_SOURCES, "jwt")
 CLAIMS = frozenset({"header", "user"})  # what a client says of itself
+# Algorithm families: one key verifies one family, so an RSA public key can never be
+# taken for an HMAC secret (the classic algorithm-confusion forgery). "none" is absent.
+JWT_HMAC = frozenset({"HS256", "HS384", "HS512"})
+JWT_PUBLIC_KEY = frozenset(
+    {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
+)
+JWT_LEEWAY_SECONDS = 30  # clock skew tolerated between the token's issuer and this host
+MAX_CLAIM_LOGGED = 128
 DEFAULT_TRUSTED_PEERS = ("127.0.0.0/8", "::1/128")
 HASHED_KEY_PREFIX = "sha256:"
 
@@ -39,13 +54,18 @@ class HeaderView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class TenantRules:
-    sources: tuple[str, ...] = SOURCES
+    sources: tuple[str, ...] = DEFAULT_SOURCES
     header: str = "X-Tenant-ID"
     api_keys: Mapping[str, str] = field(default_factory=dict)
     secret: bytes = b""  # keys the hash of unmapped API keys
     trusted_peers: tuple[str, ...] = DEFAULT_TRUSTED_PEERS  # CIDRs whose claims count
     gateway_header: str = "X-Crosstalk-Gateway"
     gateway_secret: str = ""  # a request carrying it may claim a tenant, from anywhere
+    jwt_key: Any = None  # load_jwt_key(): an HMAC secret (bytes) or a public key object
+    jwt_algorithms: tuple[str, ...] = ("RS256",)
+    jwt_claim: str = "sub"
+    jwt_audience: str = ""  # empty: the token's audience is not checked
+    jwt_issuer: str = ""  # empty: the token's issuer is not checked
     _networks: tuple = field(init=False, repr=False, compare=False, default=())
     _hashed: Mapping[str, str] = field(init=False, repr=False, compare=False, default=None)
 
@@ -53,6 +73,9 @@ class TenantRules:
         unknown = set(self.sources) - set(SOURCES)
         if unknown:
             raise ValueError(f"unknown tenant source(s) {sorted(unknown)}; use {list(SOURCES)}")
+        if "jwt" in self.sources and self.jwt_key is None:
+            raise ValueError("tenant source 'jwt' needs a verification key (jwt_key)")
+        check_jwt_algorithms(self.jwt_algorithms)
         networks = tuple(ipaddress.ip_network(c, strict=False) for c in self.trusted_peers)
         object.__setattr__(self, "_networks", networks)
         hashed = {
@@ -84,6 +107,73 @@ class TenantRules:
         if mapped is None and self._hashed:
             mapped = self._hashed.get(hash_key(key)[len(HASHED_KEY_PREFIX) :])
         return mapped or key_tenant(key, self.secret)
+
+    def tenant_of_token(
+        self, token: str, *, verify_expiry: bool = True
+    ) -> tuple[str | None, str | None]:
+        """``(tenant, None)`` from a verified token's claim; ``(None, claimed)`` when the
+        token does not verify (bad signature, expired, wrong audience or issuer, a
+        malformed token), ``claimed`` being what its unverified claim said (for the log,
+        never trusted); ``(None, None)`` for a valid token without the claim, and for a
+        bearer credential that is not shaped as a JWT (a plain API key)."""
+        if token.count(".") != 2:
+            return None, None
+        try:
+            claims = jwt.decode(
+                token,
+                self.jwt_key,
+                algorithms=list(self.jwt_algorithms),
+                audience=self.jwt_audience or None,
+                issuer=self.jwt_issuer or None,
+                leeway=JWT_LEEWAY_SECONDS,
+                options={
+                    "require": ["exp"],
+                    "verify_exp": verify_expiry,
+                    "verify_aud": bool(self.jwt_audience),
+                },
+            )
+        except jwt.InvalidTokenError:
+            return None, _unverified_claim(token, self.jwt_claim)
+        value = claims.get(self.jwt_claim)
+        return (value.strip() or None, None) if isinstance(value, str) else (None, None)
+
+
+def check_jwt_algorithms(algorithms: tuple[str, ...]) -> None:
+    """ValueError unless ``algorithms`` is a non-empty list of one family."""
+    known = JWT_HMAC | JWT_PUBLIC_KEY
+    if not algorithms or set(algorithms) - known:
+        raise ValueError(f"jwt algorithms must be some of {sorted(known)}, not {list(algorithms)}")
+    if set(algorithms) & JWT_HMAC and set(algorithms) & JWT_PUBLIC_KEY:
+        raise ValueError("jwt algorithms: HMAC (HS*) and public-key ones cannot share a key")
+
+
+def load_jwt_key(data: bytes, algorithms: tuple[str, ...]) -> Any:
+    """The verification key for ``algorithms`` from a key file's bytes: the shared secret
+    for HS* (surrounding whitespace removed; at least 32 bytes, as RFC 7518 asks of
+    HS256), else a PEM public key or certificate. ValueError when it is neither."""
+    check_jwt_algorithms(algorithms)
+    if set(algorithms) <= JWT_HMAC:
+        secret = data.strip()
+        if len(secret) < 32:
+            raise ValueError("an HMAC JWT secret must be at least 32 bytes")
+        return secret
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_public_key
+
+    try:
+        if b"BEGIN CERTIFICATE" in data:
+            return x509.load_pem_x509_certificate(data).public_key()
+        return load_pem_public_key(data)
+    except ValueError as e:
+        raise ValueError(f"not a PEM public key or certificate: {e}") from None
+
+
+def _unverified_claim(token: str, claim: str) -> str:
+    try:
+        value = jwt.decode(token, options={"verify_signature": False}).get(claim)
+    except jwt.InvalidTokenError:
+        return ""
+    return value[:MAX_CLAIM_LOGGED] if isinstance(value, str) else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,12 +207,27 @@ def key_tenant(key: str, secret: bytes) -> str:
 
 
 def identify(
-    rules: TenantRules, headers: HeaderView, body_user: str | None, *, trusted: bool
+    rules: TenantRules,
+    headers: HeaderView,
+    body_user: str | None,
+    *,
+    trusted: bool,
+    verify_expiry: bool = True,
 ) -> Identity:
     """The tenant of a request by the first source that names one. Claims count only when
-    ``trusted`` (``TenantRules.trusts``); otherwise they are skipped and reported."""
+    ``trusted`` (``TenantRules.trusts``); otherwise they are skipped and reported. A JWT's
+    expiry is checked unless ``verify_expiry`` is false (a capture outlives its tokens)."""
     ignored: list[tuple[str, str]] = []
     for source in rules.sources:
+        if source == "jwt":
+            token = api_key_of(headers)
+            if token:
+                tenant, rejected = rules.tenant_of_token(token, verify_expiry=verify_expiry)
+                if tenant:
+                    return Identity(tenant, tuple(ignored))
+                if rejected is not None:
+                    ignored.append(("jwt", rejected))
+            continue
         if source == "api_key":
             key = api_key_of(headers)
             if key:
@@ -141,8 +246,8 @@ def identify(
 
 def resolve_tenant(rules: TenantRules, headers: HeaderView, body_user: str | None) -> str | None:
     """The tenant of a request whose claims are trusted (replay of the operator's own
-    captures): ``identify(..., trusted=True).tenant``."""
-    return identify(rules, headers, body_user, trusted=True).tenant
+    captures, whose tokens have expired since: their signatures still decide)."""
+    return identify(rules, headers, body_user, trusted=True, verify_expiry=False).tenant
 
 
 def request_id_of(headers: HeaderView) -> str:

@@ -5,17 +5,20 @@ client on another loopback address than the trusted one."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import time
 import urllib.request
 
 import httpx2
+import jwt
 import openai
 import pytest
 from conftest import ROOT, free_port, run_mitmdump, run_sim, wait_for_events
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.tenants import TenantRules, hash_key, identify
+from proxy.tenants import Identity, TenantRules, hash_key, identify, load_jwt_key, resolve_tenant
 
 SECRET = "gateway-secret-0123456789"
 
@@ -86,16 +89,12 @@ def ask(c: openai.OpenAI, text: str) -> str:
     return out.choices[0].message.content or ""
 
 
-@pytest.fixture
-def gateway(tmp_path):
-    """Trusted peer 127.0.0.2 (the "gateway"); clients on 127.0.0.1 are untrusted."""
+@contextlib.contextmanager
+def proxy_with(tmp_path, config: str):
+    """The simulator and mitmdump configured with ``config`` (TOML): (sim, proxy, the
+    metrics port)."""
     cfg = tmp_path / "tenants.toml"
-    cfg.write_text(
-        '[tenants]\nsources = ["header", "api_key", "user"]\ntrusted_peers = ["127.0.0.2/32"]\n'
-        f'gateway_secret = "{SECRET}"\n'
-        '[tenants.api_keys]\n"sk-alpha" = "alpha"\n'
-        f'"{hash_key("sk-beta")}" = "beta"\n'
-    )
+    cfg.write_text(config)
     metrics = free_port()
     with (
         run_sim(tmp_path) as sim,
@@ -104,6 +103,19 @@ def gateway(tmp_path):
         ) as p,
     ):
         yield sim, p, metrics
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    """Trusted peer 127.0.0.2 (the "gateway"); clients on 127.0.0.1 are untrusted."""
+    with proxy_with(
+        tmp_path,
+        '[tenants]\nsources = ["header", "api_key", "user"]\ntrusted_peers = ["127.0.0.2/32"]\n'
+        f'gateway_secret = "{SECRET}"\n'
+        '[tenants.api_keys]\n"sk-alpha" = "alpha"\n'
+        f'"{hash_key("sk-beta")}" = "beta"\n',
+    ) as running:
+        yield running
 
 
 def untrusted_claims(port: int) -> float:
@@ -194,3 +206,119 @@ def test_one_key_rotating_fifty_names_cannot_make_a_victims_text_common(gateway)
     # private to them, not common, so the leak to beta is found.
     assert found and found[0]["tenant"] == "beta"
     assert found[0]["source_tenant"] in ("alpha", attacker_tenant)
+
+
+# --- JWT bearer tokens ------------------------------------------------------------------
+
+
+def es256_pair() -> tuple[object, bytes]:
+    """A signing key (the operator's identity provider) and its PEM public key."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    return key, public
+
+
+def token(key, ttl: float = 300, **claims) -> str:
+    return jwt.encode({"exp": int(time.time() + ttl), **claims}, key, algorithm="ES256")
+
+
+def test_jwt_claim_names_the_tenant_only_when_the_token_verifies():
+    key, public = es256_pair()
+    forger, _ = es256_pair()
+    r = rules(
+        sources=("jwt", "api_key"), jwt_key=load_jwt_key(public, ("ES256",)),
+        jwt_algorithms=("ES256",), jwt_claim="org", jwt_audience="crosstalk",
+    )  # fmt: skip
+
+    def who(bearer: str):
+        return identify(r, Headers({"Authorization": f"Bearer {bearer}"}), None, trusted=False)
+
+    good = token(key, org="acme", aud="crosstalk")
+    assert who(good) == Identity("acme", ())
+    # Forged signature, expired, wrong audience, no exp: ignored and reported with what
+    # they claimed; the bearer credential then decides as an API key (its own pseudonym).
+    for bad in (
+        token(forger, org="acme", aud="crosstalk"),
+        token(key, ttl=-120, org="acme", aud="crosstalk"),
+        token(key, org="acme", aud="someone-else"),
+        jwt.encode({"org": "acme", "aud": "crosstalk"}, key, algorithm="ES256"),
+    ):
+        got = who(bad)
+        assert got.tenant == r.tenant_of_key(bad) and got.tenant.startswith("key:")
+        assert got.ignored == (("jwt", "acme"),)
+    # alg "none" and an HMAC token signed with the public key (algorithm confusion).
+    unsigned = jwt.encode({"org": "acme", "exp": int(time.time()) + 300}, None, algorithm="none")
+    assert who(unsigned).ignored == (("jwt", "acme"),)
+    header, payload, _ = good.split(".")
+    assert who(f"{header}.{payload}.AAAA").ignored == (("jwt", "acme"),)
+    # A plain API key is not a token: no claim was made, nothing reported.
+    assert who("sk-plain-key") == Identity(r.tenant_of_key("sk-plain-key"), ())
+    # A valid token without the claim names nobody through this source.
+    assert who(token(key, sub="u1", aud="crosstalk")).ignored == ()
+    # Replay of a capture: the token has expired since, its signature still decides.
+    expired = token(key, ttl=-3600, org="acme", aud="crosstalk")
+    assert resolve_tenant(r, Headers({"Authorization": f"Bearer {expired}"}), None) == "acme"
+
+
+def test_jwt_keys_and_algorithms_are_checked_when_loaded():
+    _, public = es256_pair()
+    with pytest.raises(ValueError, match="cannot share a key"):
+        load_jwt_key(public, ("HS256", "ES256"))
+    with pytest.raises(ValueError, match="some of"):
+        load_jwt_key(public, ("none",))
+    with pytest.raises(ValueError, match="at least 32 bytes"):
+        load_jwt_key(b"short\n", ("HS256",))
+    with pytest.raises(ValueError, match="not a PEM"):
+        load_jwt_key(b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", ("RS256",))
+    with pytest.raises(ValueError, match="needs a verification key"):
+        rules(sources=("jwt",))
+    assert load_jwt_key(b" " + b"s" * 32 + b"\n", ("HS256",)) == b"s" * 32
+
+
+def test_a_jwt_from_the_operators_gateway_names_the_tenant_through_mitmdump(tmp_path):
+    """The SDK sends a token signed by the operator's identity provider as its API key:
+    the tenant is its claim. A token signed by anyone else claims the same tenant and is
+    ignored (logged, counted): its leak from that tenant is still a finding."""
+    key, public = es256_pair()
+    forger, _ = es256_pair()
+    (tmp_path / "idp.pem").write_bytes(public)
+    config = (
+        '[tenants]\nsources = ["jwt", "api_key"]\n'
+        f'jwt_key_file = "{tmp_path / "idp.pem"}"\njwt_algorithms = ["ES256"]\n'
+        'jwt_claim = "tenant"\njwt_issuer = "https://idp.example"\n'
+    )
+    with proxy_with(tmp_path, config) as (_, proxy, metrics):
+        alpha = token(key, tenant="alpha", iss="https://idp.example")
+        ask(client(proxy.url, alpha, **{"X-Request-ID": "source"}), SECRET_PROMPT)
+        forged = token(forger, tenant="alpha", iss="https://idp.example")
+        leak_into(proxy.url, forged, "source")
+        events = wait_for_events(
+            proxy.log, lambda ev: sum(e["event"] == "exchange" for e in ev) >= 2, timeout=30
+        )
+        assert untrusted_claims(metrics) == 1
+    tenants = {e["request_id"]: e["tenant"] for e in events if e["event"] == "exchange"}
+    assert tenants["source"] == "alpha" and tenants["victim"].startswith("key:")
+    untrusted = [e for e in events if e["event"] == "tenant.untrusted"]
+    assert [(u["sources"], u["claimed"]) for u in untrusted] == [(["jwt"], ["alpha"])]
+    found = [e for e in events if e["event"] == "leak.detected" and e["request_id"] == "victim"]
+    assert found and found[0]["source_tenant"] == "alpha"
+    assert forged not in proxy.log.read_text() and alpha not in proxy.log.read_text()
+
+
+def test_an_unusable_jwt_key_file_is_a_clear_error_at_start(tmp_path):
+    (tmp_path / "bad.pem").write_text("not a key\n")
+    cfg = tmp_path / "jwt.toml"
+    cfg.write_text(f'[tenants]\nsources = ["jwt"]\njwt_key_file = "{tmp_path / "bad.pem"}"\n')
+    (tmp_path / "capture.jsonl").write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "proxy", "replay", "--config", str(cfg),
+         str(tmp_path / "capture.jsonl")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "tenants.jwt_key_file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr

@@ -143,17 +143,18 @@ class CrossTalk:
                 journal__directory=ctx.options.crosstalk_journal or None,
                 index__url=ctx.options.crosstalk_index or None,
             )
+            # One key for this process and a detector process: both name tenants alike.
+            key = self._key or cfg.detection.key or secrets.token_hex(32)
+            cfg = dataclasses.replace(cfg, detection=dataclasses.replace(cfg.detection, key=key))
+            rules = factory.tenant_rules(cfg, bytes.fromhex(key))
         except configuration.ConfigError as e:
             raise exceptions.OptionsError(f"crosstalk: {e}") from e
-        # One key for this process and a detector process: both name tenants alike.
-        key = self._key or cfg.detection.key or secrets.token_hex(32)
-        cfg = dataclasses.replace(cfg, detection=dataclasses.replace(cfg.detection, key=key))
         self.config = cfg
         self.log = make_logger(
             cfg.proxy.log_file or None, cfg.proxy.log_level, cfg.proxy.log_format
         )
         addon_errors.install(addon_errors.AddonFailures(lambda: self.log, self._count_addon_error))
-        self.rules = factory.tenant_rules(cfg, bytes.fromhex(key))
+        self.rules = rules
         self._stop_detector()
         self.detector_wanted = cfg.detector_process() and not self.inline
         if self.detector_wanted:
@@ -189,6 +190,7 @@ class CrossTalk:
                 ctx.options.crosstalk_config or None,
                 proxy__mode=ctx.options.crosstalk_mode or None,
             )
+            rules = factory.tenant_rules(fresh, bytes.fromhex(self.config.detection.key))
         except configuration.ConfigError as e:
             self.log.error("config.reload_failed", reason=str(e), action="kept the old one")
             return
@@ -220,7 +222,7 @@ class CrossTalk:
             old, policy=fresh.policy, tenants=fresh.tenants, limits=limits,
             detection=detection, degenerate=fresh.degenerate, prevention=fresh.prevention,
         )  # fmt: skip
-        self.rules = factory.tenant_rules(self.config, bytes.fromhex(old.detection.key))
+        self.rules = rules
         if self.detector is not None:
             self.detector.send("reload", 0, None, time.monotonic())
         self.log.info(
