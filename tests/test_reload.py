@@ -101,7 +101,14 @@ def test_sighup_reloads_tenants_and_keeps_open_streams(tmp_path, how):
         failed = until(log, "config.reload_failed", 1)
         ask(url, "after-bad")
         assert tenant_of(log, "after-bad") == "omega"
-    reason = next(e for e in failed if e["event"] == "config.reload_failed")["reason"]
-    assert "tenants.sources" in reason
+        # A key file that holds no key: the same.
+        (tmp_path / "idp.pem").write_text("not a key\n")
+        cfg.write_text(f'[tenants]\nsources = ["jwt"]\njwt_key_file = "{tmp_path / "idp.pem"}"\n')
+        proc.send_signal(signal.SIGHUP)
+        failed = until(log, "config.reload_failed", 2)
+        ask(url, "after-bad-key")
+        assert tenant_of(log, "after-bad-key") == "omega"
+    reasons = [e["reason"] for e in failed if e["event"] == "config.reload_failed"]
+    assert "tenants.sources" in reasons[0] and "tenants.jwt_key_file" in reasons[1]
     exchange = {e["request_id"]: e for e in read_events(log) if e["event"] == "exchange"}
     assert exchange["in-flight"]["status"] == 200
