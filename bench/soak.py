@@ -45,11 +45,13 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import httpx2
 from common import free_port, wait_listening
 from mitmproxy.io import FlowReader, FlowWriter
 from passthrough import process_tree
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -165,26 +167,27 @@ def replay_per_lifetime(
     return found
 
 
-def scrape_gc(port: int) -> dict[str, float] | None:
+def scrape_gc(port: int) -> dict[str, Any] | None:
     """The garbage collector's figures from a ``/metrics`` endpoint (None: no answer)."""
     try:
         text = httpx2.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     except httpx2.HTTPError:
         return None
-    values = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in GC_METRICS:
-            values[GC_METRICS[name]] = float(value)
-    if "longest_pause_ms" in values:
-        values["longest_pause_ms"] = round(values["longest_pause_ms"] * 1000, 2)
+    values: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "crosstalk_gc_pause_seconds_total":
+                values["seconds_paused"] = round(s.value, 3)
+            elif s.name in GC_BY_GENERATION:
+                scale = 1000 if s.name.endswith("seconds") else 1
+                key = GC_BY_GENERATION[s.name]
+                values.setdefault(key, {})[s.labels["generation"]] = round(s.value * scale, 2)
     return values
 
 
-GC_METRICS = {
+GC_BY_GENERATION = {
     "crosstalk_gc_pause_longest_seconds": "longest_pause_ms",
     "crosstalk_gc_collections_total": "collections",
-    "crosstalk_gc_pause_seconds_total": "seconds_paused",
 }
 
 
@@ -270,7 +273,7 @@ def main() -> int:
     samples: dict[str, list[tuple[float, float]]] = {"proxy": [], "detector": []}
     fds: list[tuple[float, int]] = []
     killed_at = redis_restarted_at = None
-    gc_pauses: dict[str, float] | None = None
+    gc_pauses: dict[str, Any] | None = None
     try:
         wait_port(sim_port)
         wait_port(port)

@@ -127,15 +127,20 @@ class _Collector:
             "Seconds this process stood still in the cyclic garbage collector.",
             value=GC_PAUSES.seconds,
         )
-        yield CounterMetricFamily(
-            "crosstalk_gc_collections", "Collections run.", value=GC_PAUSES.collections
+        collections = CounterMetricFamily(
+            "crosstalk_gc_collections", "Collections run, by generation.", labels=["generation"]
         )
-        yield GaugeMetricFamily(
+        longest = GaugeMetricFamily(
             "crosstalk_gc_pause_longest_seconds",
             "The longest single collection since start-up (a detector process: since it "
-            "was ready).",
-            value=GC_PAUSES.longest,
+            "was ready), by generation (2: a full collection).",
+            labels=["generation"],
         )
+        for generation in range(3):
+            collections.add_metric([str(generation)], GC_PAUSES.collections[generation])
+            longest.add_metric([str(generation)], GC_PAUSES.longest[generation])
+        yield collections
+        yield longest
         yield GaugeMetricFamily(
             "crosstalk_tenant_labels",
             "Distinct tenant label values in use (capped by metrics.max_tenant_labels).",

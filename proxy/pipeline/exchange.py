@@ -47,8 +47,10 @@ class GcPauses:
 
     def __init__(self) -> None:
         self.seconds = 0.0
-        self.longest = 0.0  # the longest single collection (the metrics show it)
-        self.collections = 0
+        # Per generation (0, 1, 2): a full collection walks the whole tracked heap, a
+        # young one only what was allocated since; which one stalls says what to shrink.
+        self.longest = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
         self._started: float | None = None
 
     def settle(self) -> None:
@@ -58,16 +60,17 @@ class GcPauses:
         longest pause is counted from here: start-up's stalled no stream."""
         gc.collect()
         gc.freeze()
-        self.longest = 0.0
+        self.longest = [0.0, 0.0, 0.0]
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
         elif self._started is not None:
             pause = time.perf_counter() - self._started
+            generation = min(info.get("generation", 2), 2)
             self.seconds += pause
-            self.longest = max(self.longest, pause)
-            self.collections += 1
+            self.longest[generation] = max(self.longest[generation], pause)
+            self.collections[generation] += 1
             self._started = None
 
 

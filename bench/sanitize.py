@@ -1,0 +1,113 @@
+"""The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer (issue 16's
+memory-safety run; not in CI: a sanitized build and a slowed test run).
+
+Builds ``proxy/engine/_core.pyx`` with ``-fsanitize=address,undefined`` (the ordinary
+``pip wheel`` of a copy of the tree, so Cython comes from the build requirements), puts
+that extension into the copy, and runs the tests that drive the core there, with the
+sanitizers' runtimes preloaded into Python and Python's allocator switched to plain
+``malloc`` (``PYTHONMALLOC=malloc``): every buffer the core reads or writes is then one
+ASan tracks, including the ones Python objects own. Leak checking is off: CPython frees
+little at exit by design, which LeakSanitizer would report as thousands of leaks.
+
+    python bench/sanitize.py [TEST ...]      # default: the core's parity and engine tests
+
+Exit status 0 when the tests pass and no sanitizer reported anything, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TESTS = ("tests/test_core_parity.py", "tests/test_engine.py", "tests/test_replay.py")
+FLAGS = (
+    "-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -g -O1"
+)
+# What the sanitizers print when they find something (ASan's report, UBSan's runtime error).
+REPORT = re.compile(r"ERROR: AddressSanitizer|runtime error:|SUMMARY: (Address|UndefinedBehavior)")
+SKIP = shutil.ignore_patterns(
+    ".git", ".venv", "build", "dist", "*.so", "__pycache__", "*.egg-info", ".pytest_cache"
+)
+
+
+def runtime(name: str) -> str:
+    """The path of a sanitizer's shared runtime (``libasan.so``) as the C compiler knows it."""
+    path = subprocess.run(
+        ["gcc", f"-print-file-name={name}"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if not os.path.isabs(path) or not Path(path).exists():
+        raise SystemExit(f"sanitize: gcc has no {name} (install libasan/libubsan for gcc)")
+    return path
+
+
+def build(tree: Path, out: Path) -> Path:
+    """A sanitized wheel of ``tree``; its ``_core`` extension, unpacked into ``tree``."""
+    env = {**os.environ, "CFLAGS": FLAGS, "LDFLAGS": "-fsanitize=address,undefined"}
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(tree)],
+        env=env, check=True, timeout=900,
+    )  # fmt: skip
+    (wheel,) = out.glob("crosstalk-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        (member,) = [n for n in z.namelist() if re.match(r"proxy/engine/_core\..*\.so$", n)]
+        z.extract(member, tree)
+    return tree / member
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("tests", nargs="*", default=list(DEFAULT_TESTS))
+    args = p.parse_args()
+    preload = f"{runtime('libasan.so')}:{runtime('libubsan.so')}"
+    with tempfile.TemporaryDirectory(prefix="crosstalk-sanitize-") as tmp:
+        tree = Path(tmp) / "src"
+        shutil.copytree(ROOT, tree, ignore=SKIP)
+        started = time.monotonic()
+        extension = build(tree, Path(tmp) / "wheel")
+        print(f"sanitized build: {extension.name} in {time.monotonic() - started:.0f} s")
+        env = {
+            **os.environ,
+            "LD_PRELOAD": preload,
+            "PYTHONMALLOC": "malloc",
+            "PYTHONPATH": str(tree),
+            "ASAN_OPTIONS": "detect_leaks=0:halt_on_error=1:abort_on_error=1",
+            "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+        }
+        # The copy, not the editable install, must be what the tests import.
+        where = subprocess.run(
+            [sys.executable, "-c", "import proxy.engine._core as c; print(c.__file__)"],
+            cwd=tree, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        if Path(where.stdout.strip()) != extension:
+            print(f"sanitize: the tests would import {where.stdout.strip() or where.stderr}")
+            return 1
+        started = time.monotonic()
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.tests],
+            cwd=tree, env=env, capture_output=True, text=True, timeout=3600,
+        )  # fmt: skip
+    output = done.stdout + done.stderr
+    reports = [line for line in output.splitlines() if REPORT.search(line)]
+    summary = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    print(f"tests under ASan+UBSan in {time.monotonic() - started:.0f} s: "
+          f"{summary[-1] if summary else 'no summary'} (exit {done.returncode})")  # fmt: skip
+    for line in reports[:40]:
+        print(line)
+    if done.returncode != 0 or reports:
+        print(output[-6000:])
+        return 1
+    print("no sanitizer report")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
