@@ -187,6 +187,7 @@ def scrape_gc(port: int) -> dict[str, Any] | None:
 
 GC_BY_GENERATION = {
     "crosstalk_gc_pause_longest_seconds": "longest_pause_ms",
+    "crosstalk_gc_pause_longest_cpu_seconds": "longest_pause_cpu_ms",
     "crosstalk_gc_collections_total": "collections",
 }
 

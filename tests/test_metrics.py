@@ -190,6 +190,10 @@ def test_scrape_matches_the_traffic(tmp_path: Path):
         value(samples, "crosstalk_gc_pause_longest_seconds", generation=str(g)) for g in range(3)
     ]
     assert 0 < max(longest) <= value(samples, "crosstalk_gc_pause_seconds_total")
+    # The collector's own CPU time within each pause: never more than the pause itself.
+    for g in range(3):
+        cpu = value(samples, "crosstalk_gc_pause_longest_cpu_seconds", generation=str(g))
+        assert 0 <= cpu <= longest[g] + 0.001
     # The shadow queue: drained (every exchange was logged), nothing failed or ran late.
     assert value(samples, "crosstalk_shadow_queue_items") == 0
     assert value(samples, "crosstalk_shadow_queue_errors_total") == 0

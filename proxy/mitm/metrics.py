@@ -136,11 +136,19 @@ class _Collector:
             "was ready), by generation (2: a full collection).",
             labels=["generation"],
         )
+        longest_cpu = GaugeMetricFamily(
+            "crosstalk_gc_pause_longest_cpu_seconds",
+            "The same collections' longest in CPU time (the wall-clock one also holds the "
+            "time a busy machine did not run the process).",
+            labels=["generation"],
+        )
         for generation in range(3):
             collections.add_metric([str(generation)], GC_PAUSES.collections[generation])
             longest.add_metric([str(generation)], GC_PAUSES.longest[generation])
+            longest_cpu.add_metric([str(generation)], GC_PAUSES.longest_cpu[generation])
         yield collections
         yield longest
+        yield longest_cpu
         yield GaugeMetricFamily(
             "crosstalk_tenant_labels",
             "Distinct tenant label values in use (capped by metrics.max_tenant_labels).",
