@@ -5,6 +5,7 @@ bench/fuzz.py. A crash found becomes a regression example in tests/test_fuzz.py.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import tempfile
@@ -16,6 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import brotli
+import jwt
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import strategies as st
 
 from proxy.config import ConfigError, load_text
@@ -28,6 +32,7 @@ from proxy.protocols.decoding import UnsupportedEncoding, stream_decoder, zstd
 from proxy.protocols.sse import SSEDecoder
 from proxy.store import journal
 from proxy.store.redis_index import KEY, ORIGIN, RECORD, Ingester
+from proxy.tenants import TenantRules, load_jwt_key
 
 ROUTES = (
     Route("openai", "chat"),
@@ -232,6 +237,39 @@ _COMPRESSED = st.tuples(st.sampled_from(["gzip", "deflate", "br", "zstd", "ident
     st.just("gzip"), st.binary(max_size=200).map(lambda b: zlib.compress(b)[: len(b) // 2 + 2])
 )  # fmt: skip
 
+
+def _jwt_target() -> tuple[TenantRules, st.SearchStrategy[str]]:
+    """Rules that verify ES256 tokens, and bearer credentials made from a valid token
+    whose header, payload or signature may be replaced by junk or by other JSON."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    public = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    rules = TenantRules(
+        sources=("jwt",), secret=b"k", jwt_key=load_jwt_key(public, ("ES256",)),
+        jwt_algorithms=("ES256",),
+    )  # fmt: skip
+    valid = jwt.encode({"sub": "acme", "exp": 4102444800}, key, algorithm="ES256")
+
+    def b64(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    def part(original: str) -> st.SearchStrategy[str]:
+        return st.one_of(
+            st.just(original),
+            JSON.map(lambda v: b64(_dump(v))),
+            st.binary(max_size=80).map(b64),
+            st.text(max_size=40),
+        )
+
+    header, payload, signature = valid.split(".")
+    tokens = st.tuples(part(header), part(payload), part(signature)).map(".".join)
+    return rules, st.one_of(tokens, st.text(max_size=120))
+
+
+_JWT_RULES, _JWT_TOKENS = _jwt_target()
+
+
 TARGETS: tuple[Target, ...] = (
     *(
         Target(f"{r.api}.{r.kind}.request", BODIES, r.parse_request, (ProtocolError,))
@@ -283,4 +321,5 @@ TARGETS: tuple[Target, ...] = (
     Target("otel_reader", _mutated_lines("otel"), _read_file("otel")),
     Target("config", st.text(max_size=300), load_text, (ConfigError,)),
     Target("redis_record", st.tuples(BODIES, st.booleans()), _ingest),
+    Target("jwt_bearer", _JWT_TOKENS, _JWT_RULES.tenant_of_token),
 )
