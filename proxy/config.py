@@ -342,6 +342,8 @@ def validate(config: Config) -> Config:
         raise ConfigError(f"proxy.log_format must be one of {LOG_FORMATS}, not {p.log_format!r}")
     if t.unknown not in UNKNOWN_TENANT:
         raise ConfigError(f"tenants.unknown must be one of {UNKNOWN_TENANT}")
+    if not all(isinstance(s, str) for s in t.sources):
+        raise ConfigError("tenants.sources must be a list of names")
     if bad := set(t.sources) - set(SOURCES):
         raise ConfigError(f"tenants.sources: unknown {sorted(bad)}; use {list(SOURCES)}")
     for cidr in t.trusted_peers:
@@ -353,6 +355,11 @@ def validate(config: Config) -> Config:
         raise ConfigError("tenants.gateway_secret must be at least 16 characters")
     if "jwt" in t.sources and not t.jwt_key_file:
         raise ConfigError("tenants.sources has 'jwt': set tenants.jwt_key_file")
+    if "jwt" in t.sources and "api_key" in t.sources[: t.sources.index("jwt")]:
+        raise ConfigError(
+            "tenants.sources: put 'jwt' before 'api_key' (both read the bearer credential, "
+            "and the first takes every one)"
+        )
     try:
         check_jwt_algorithms(t.jwt_algorithms)
     except ValueError as e:

@@ -42,6 +42,8 @@ JWT_HMAC = frozenset({"HS256", "HS384", "HS512"})
 JWT_PUBLIC_KEY = frozenset(
     {"RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA"}
 )
+# RFC 7518 3.2: an HMAC key at least as long as the hash.
+JWT_HMAC_MIN_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 JWT_LEEWAY_SECONDS = 30  # clock skew tolerated between the token's issuer and this host
 MAX_CLAIM_LOGGED = 128
 DEFAULT_TRUSTED_PEERS = ("127.0.0.0/8", "::1/128")
@@ -112,10 +114,12 @@ class TenantRules:
         self, token: str, *, verify_expiry: bool = True
     ) -> tuple[str | None, str | None]:
         """``(tenant, None)`` from a verified token's claim; ``(None, claimed)`` when the
-        token does not verify (bad signature, expired, wrong audience or issuer, a
-        malformed token), ``claimed`` being what its unverified claim said (for the log,
-        never trusted); ``(None, None)`` for a valid token without the claim, and for a
-        bearer credential that is not shaped as a JWT (a plain API key)."""
+        token does not verify (bad signature, an algorithm not allowed, expired, an
+        audience other than ``jwt_audience`` -- or any audience when none is set -- the
+        wrong issuer, a malformed token), ``claimed`` being what its unverified claim said
+        (for the log, never trusted); ``(None, None)`` for a valid token without the
+        claim, and for a bearer credential not shaped as a JWT (a plain API key). Never
+        raises: whatever PyJWT rejects, however, the token did not verify."""
         if token.count(".") != 2:
             return None, None
         try:
@@ -126,13 +130,9 @@ class TenantRules:
                 audience=self.jwt_audience or None,
                 issuer=self.jwt_issuer or None,
                 leeway=JWT_LEEWAY_SECONDS,
-                options={
-                    "require": ["exp"],
-                    "verify_exp": verify_expiry,
-                    "verify_aud": bool(self.jwt_audience),
-                },
+                options={"require": ["exp"], "verify_exp": verify_expiry},
             )
-        except jwt.InvalidTokenError:
+        except (jwt.PyJWTError, TypeError, ValueError):
             return None, _unverified_claim(token, self.jwt_claim)
         value = claims.get(self.jwt_claim)
         return (value.strip() or None, None) if isinstance(value, str) else (None, None)
@@ -141,7 +141,9 @@ class TenantRules:
 def check_jwt_algorithms(algorithms: tuple[str, ...]) -> None:
     """ValueError unless ``algorithms`` is a non-empty list of one family."""
     known = JWT_HMAC | JWT_PUBLIC_KEY
-    if not algorithms or set(algorithms) - known:
+    if not algorithms or not all(isinstance(a, str) for a in algorithms):
+        raise ValueError(f"jwt algorithms must be a list of names, not {list(algorithms)}")
+    if set(algorithms) - known:
         raise ValueError(f"jwt algorithms must be some of {sorted(known)}, not {list(algorithms)}")
     if set(algorithms) & JWT_HMAC and set(algorithms) & JWT_PUBLIC_KEY:
         raise ValueError("jwt algorithms: HMAC (HS*) and public-key ones cannot share a key")
@@ -149,23 +151,38 @@ def check_jwt_algorithms(algorithms: tuple[str, ...]) -> None:
 
 def load_jwt_key(data: bytes, algorithms: tuple[str, ...]) -> Any:
     """The verification key for ``algorithms`` from a key file's bytes: the shared secret
-    for HS* (surrounding whitespace removed; at least 32 bytes, as RFC 7518 asks of
-    HS256), else a PEM public key or certificate. ValueError when it is neither."""
+    for HS* (surrounding whitespace removed; at least as long as the hash, RFC 7518), else
+    a PEM public key or certificate. ValueError when it is neither, or when it cannot
+    verify every one of ``algorithms`` (an RSA key listed for ES256, a P-256 key for
+    ES384): checked here, so that no token can reach a key PyJWT would refuse."""
     check_jwt_algorithms(algorithms)
     if set(algorithms) <= JWT_HMAC:
-        secret = data.strip()
-        if len(secret) < 32:
-            raise ValueError("an HMAC JWT secret must be at least 32 bytes")
-        return secret
+        key: Any = data.strip()
+        shortest = max(JWT_HMAC_MIN_BYTES[a] for a in algorithms)
+        if len(key) < shortest:
+            raise ValueError(
+                f"an HMAC JWT secret for {list(algorithms)} must be >= {shortest} bytes"
+            )
+        if b"-----BEGIN" in key:
+            raise ValueError("an HMAC JWT secret cannot be a PEM key (algorithm confusion)")
+        return key
     from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives.serialization import load_pem_public_key
 
     try:
         if b"BEGIN CERTIFICATE" in data:
-            return x509.load_pem_x509_certificate(data).public_key()
-        return load_pem_public_key(data)
-    except ValueError as e:
+            key = x509.load_pem_x509_certificate(data).public_key()
+        else:
+            key = load_pem_public_key(data)
+    except (ValueError, UnsupportedAlgorithm) as e:
         raise ValueError(f"not a PEM public key or certificate: {e}") from None
+    for name in algorithms:
+        try:
+            jwt.get_algorithm_by_name(name).prepare_key(key)
+        except (jwt.PyJWTError, TypeError, ValueError) as e:
+            raise ValueError(f"the key ({type(key).__name__}) cannot verify {name}: {e}") from None
+    return key
 
 
 def _unverified_claim(token: str, claim: str) -> str:

@@ -240,7 +240,8 @@ _COMPRESSED = st.tuples(st.sampled_from(["gzip", "deflate", "br", "zstd", "ident
 
 def _jwt_target() -> tuple[TenantRules, st.SearchStrategy[str]]:
     """Rules that verify ES256 tokens, and bearer credentials made from a valid token
-    whose header, payload or signature may be replaced by junk or by other JSON."""
+    whose header, payload or signature may be replaced by junk or by other JSON, the
+    header also by one naming another algorithm (``none``, HMAC, RSA, another curve)."""
     key = ec.generate_private_key(ec.SECP256R1())
     public = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -263,7 +264,11 @@ def _jwt_target() -> tuple[TenantRules, st.SearchStrategy[str]]:
         )
 
     header, payload, signature = valid.split(".")
-    tokens = st.tuples(part(header), part(payload), part(signature)).map(".".join)
+    algorithms = ["none", "HS256", "RS256", "PS256", "ES256", "ES384", "EdDSA", "x", ""]
+    headers = part(header) | st.sampled_from(algorithms).map(
+        lambda a: b64(json.dumps({"alg": a, "typ": "JWT"}).encode())
+    )
+    tokens = st.tuples(headers, part(payload), part(signature)).map(".".join)
     return rules, st.one_of(tokens, st.text(max_size=120))
 
 

@@ -16,8 +16,10 @@ import jwt
 import openai
 import pytest
 from conftest import ROOT, free_port, run_mitmdump, run_sim, wait_for_events
+from cryptography.hazmat.primitives.asymmetric import rsa
 from prometheus_client.parser import text_string_to_metric_families
 
+from proxy.config import ConfigError, load_text
 from proxy.tenants import Identity, TenantRules, hash_key, identify, load_jwt_key, resolve_tenant
 
 SECRET = "gateway-secret-0123456789"
@@ -251,15 +253,29 @@ def test_jwt_claim_names_the_tenant_only_when_the_token_verifies():
         got = who(bad)
         assert got.tenant == r.tenant_of_key(bad) and got.tenant.startswith("key:")
         assert got.ignored == (("jwt", "acme"),)
-    # alg "none" and an HMAC token signed with the public key (algorithm confusion).
+    # alg "none"; a header naming an algorithm this key does not serve (PyJWT would raise
+    # TypeError or InvalidKeyError if it were allowed); an HMAC token keyed with the
+    # public key (algorithm confusion).
     unsigned = jwt.encode({"org": "acme", "exp": int(time.time()) + 300}, None, algorithm="none")
     assert who(unsigned).ignored == (("jwt", "acme"),)
+    payload = {"org": "acme", "aud": "crosstalk", "exp": int(time.time()) + 300}
+    rsa_signed = jwt.encode(payload, rsa.generate_private_key(65537, 2048), algorithm="RS256")
+    assert who(rsa_signed).ignored == (("jwt", "acme"),)
+    confused = jwt.encode(payload, b"k" * 32, algorithm="HS256", headers={"alg": "HS256"})
+    assert who(confused).ignored == (("jwt", "acme"),)
     header, payload, _ = good.split(".")
     assert who(f"{header}.{payload}.AAAA").ignored == (("jwt", "acme"),)
     # A plain API key is not a token: no claim was made, nothing reported.
     assert who("sk-plain-key") == Identity(r.tenant_of_key("sk-plain-key"), ())
     # A valid token without the claim names nobody through this source.
     assert who(token(key, sub="u1", aud="crosstalk")).ignored == ()
+    # No audience configured: a token issued for some audience (another service) fails.
+    anyone = rules(sources=("jwt",), jwt_key=r.jwt_key, jwt_algorithms=("ES256",))
+    aimed = token(key, sub="acme", aud="billing")
+    assert identify(anyone, Headers({"x-api-key": aimed}), None, trusted=False).tenant is None
+    assert (
+        identify(anyone, Headers({"x-api-key": token(key, sub="acme")}), None, trusted=False)
+    ).tenant == "acme"
     # Replay of a capture: the token has expired since, its signature still decides.
     expired = token(key, ttl=-3600, org="acme", aud="crosstalk")
     assert resolve_tenant(r, Headers({"Authorization": f"Bearer {expired}"}), None) == "acme"
@@ -271,8 +287,18 @@ def test_jwt_keys_and_algorithms_are_checked_when_loaded():
         load_jwt_key(public, ("HS256", "ES256"))
     with pytest.raises(ValueError, match="some of"):
         load_jwt_key(public, ("none",))
-    with pytest.raises(ValueError, match="at least 32 bytes"):
+    with pytest.raises(ValueError, match=">= 32 bytes"):
         load_jwt_key(b"short\n", ("HS256",))
+    with pytest.raises(ValueError, match=">= 48 bytes"):
+        load_jwt_key(b"s" * 40, ("HS256", "HS384"))
+    with pytest.raises(ValueError, match="cannot be a PEM key"):
+        load_jwt_key(public + b"padding" * 8, ("HS256",))
+    # The key must fit every algorithm listed, or a forged header would reach PyJWT
+    # with a key it refuses (an exception in the request hook, not a verdict).
+    with pytest.raises(ValueError, match="cannot verify ES384"):
+        load_jwt_key(public, ("ES256", "ES384"))
+    with pytest.raises(ValueError, match="cannot verify RS256"):
+        load_jwt_key(public, ("RS256",))
     with pytest.raises(ValueError, match="not a PEM"):
         load_jwt_key(b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", ("RS256",))
     with pytest.raises(ValueError, match="needs a verification key"):
@@ -308,6 +334,21 @@ def test_a_jwt_from_the_operators_gateway_names_the_tenant_through_mitmdump(tmp_
     found = [e for e in events if e["event"] == "leak.detected" and e["request_id"] == "victim"]
     assert found and found[0]["source_tenant"] == "alpha"
     assert forged not in proxy.log.read_text() and alpha not in proxy.log.read_text()
+
+
+def test_jwt_configuration_errors_are_named(tmp_path):
+    (tmp_path / "idp.pem").write_bytes(es256_pair()[1])
+    key_file = f'jwt_key_file = "{tmp_path / "idp.pem"}"\njwt_algorithms = ["ES256"]\n'
+    assert load_text(f'[tenants]\nsources = ["jwt", "api_key"]\n{key_file}')
+    for text, says in (
+        (f'[tenants]\nsources = ["api_key", "jwt"]\n{key_file}', "put 'jwt' before"),
+        ('[tenants]\nsources = ["jwt"]\n', "set tenants.jwt_key_file"),
+        (f'[tenants]\nsources = ["jwt"]\n{key_file}jwt_claim = ""\n', "jwt_claim"),
+        ('[tenants]\njwt_algorithms = [["RS256"]]\n', "a list of names"),
+        ('[tenants]\nsources = [["jwt"]]\n', "a list of names"),
+    ):
+        with pytest.raises(ConfigError, match=says):
+            load_text(text)
 
 
 def test_an_unusable_jwt_key_file_is_a_clear_error_at_start(tmp_path):

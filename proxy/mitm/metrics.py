@@ -138,8 +138,9 @@ class _Collector:
         )
         longest_cpu = GaugeMetricFamily(
             "crosstalk_gc_pause_longest_cpu_seconds",
-            "The same collections' longest in CPU time (the wall-clock one also holds the "
-            "time a busy machine did not run the process).",
+            "The longest collection in this process's CPU time, by generation (may be "
+            "another collection than the wall-clock longest, which also holds the time a "
+            "busy machine did not run the process).",
             labels=["generation"],
         )
         for generation in range(3):
