@@ -224,7 +224,9 @@ class FillResult:
     seconds: float = 0.0
     call_us: list[float] = field(default_factory=list)
     kept: list[Prompt] = field(default_factory=list)  # a sample, sources of leaks
-    half: tuple[int, int] = (0, 0)  # (fingerprints, RSS bytes) when half the fill was in
+    # (fingerprints, RSS bytes) when half the fill was in, and at its end, taken alike
+    half: tuple[int, int] = (0, 0)
+    end: tuple[int, int] = (0, 0)
 
 
 def fill(engine: Engine, gen: TextGen, args: argparse.Namespace) -> FillResult:
@@ -262,6 +264,9 @@ def fill(engine: Engine, gen: TextGen, args: argparse.Namespace) -> FillResult:
             # run into a following number): planted as is, they are a certain match.
             found = [e.text for e in extract_entities(text)]
             res.kept.append(Prompt(tenant, rid, text, words, found))
+    res.end = (len(engine.index), rss_bytes())
+    if not res.half[0] or res.end[0] <= res.half[0]:
+        raise SystemExit("engine: the fill never passed its half: no per-fingerprint RSS")
     res.seconds = ns / 1e9
     res.tenants = len(seen)
     return res
@@ -546,8 +551,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     bytes_per_fp = engine_bytes / fps
     rss_per_fp = (rss1 - rss0) / fps
-    half_fps, half_rss = fill_res.half
-    marginal_per_fp = (rss1 - half_rss) / max(fps - half_fps, 1)
+    (half_fps, half_rss), (end_fps, end_rss) = fill_res.half, fill_res.end
+    marginal_per_fp = (end_rss - half_rss) / (end_fps - half_fps)
     finish = percentiles_us(sres.finish_ns)
     observe = percentiles_us([int(us * 1000) for us in fill_res.call_us])
     gc_pauses = sorted(sres.gc.pauses_ns)

@@ -68,7 +68,15 @@ def build(tree: Path, out: Path) -> Path:
     with zipfile.ZipFile(wheel) as z:
         (member,) = [n for n in z.namelist() if re.match(r"proxy/engine/_core\..*\.so$", n)]
         z.extract(member, tree)
-    return tree / member
+    extension = tree / member
+    # The flags reached the compiler only if the extension calls the sanitizers' hooks.
+    symbols = subprocess.run(
+        ["nm", "-D", "--undefined-only", str(extension)], capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    if "__asan_" not in symbols or "__ubsan_handle_" not in symbols:
+        raise SystemExit(f"sanitize: {extension.name} was built without the sanitizers")
+    return extension
 
 
 def main() -> int:
