@@ -610,8 +610,11 @@ class ResponseScan:
         for kind, entity_id, _, _ in state.extracted:
             if entity_id in self._foreign_entities and entity_id not in self._echoed_entities:
                 owner = engine.entities.table.get(entity_id)
-                if owner is not None and owner.model_born() and len(owner.echoes) < 8:
-                    owner.echoes.add(self.tenant)  # the model wrote it here too
+                if owner is not None and owner.model_born():
+                    if owner.echoes is None:
+                        owner.echoes = set()
+                    if len(owner.echoes) < 8:
+                        owner.echoes.add(self.tenant)  # the model wrote it here too
                 continue
             if entity_id in engine._baseline_entities:
                 continue

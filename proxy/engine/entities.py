@@ -258,7 +258,9 @@ class EntityOwner:
     pinned: bool = False  # canaries never expire
     # Other tenants whose outputs wrote it too, while no prompt holds it: a string the
     # model writes for everyone is its habit once common_tenants tenants have seen it.
-    echoes: set[str] = field(default_factory=set)
+    # None until the first: most entities have none, and every set, even an empty one, is
+    # an object the garbage collector walks in each full collection (one per entity).
+    echoes: set[str] | None = None
     prompted: bool = False  # some prompt held it (an index value without the output bit)
 
     def model_born(self) -> bool:
@@ -266,7 +268,7 @@ class EntityOwner:
         return not self.prompted
 
     def users(self) -> int:
-        return len(self.tenants) + len(self.echoes - self.tenants.keys())
+        return len(self.tenants) + (len(self.echoes - self.tenants.keys()) if self.echoes else 0)
 
 
 class EntityIndex:
