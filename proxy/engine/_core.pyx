@@ -7,6 +7,7 @@ versions stay in ``proxy.engine.reference`` and ``tests/test_core_parity.py`` ho
 two to the same output over the quality workload and random text.
 """
 
+cimport cython
 from cpython.unicode cimport PyUnicode_Substring
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
@@ -201,3 +202,67 @@ cdef class FrozenGenerations:
             if found is not None:
                 result[i] = result[i] + found if result[i] else found
         return result
+
+
+# --- records of the window, out of the garbage collector's sight --------------------------
+# The engine keeps one of each per request and per entity of its window: tens of
+# thousands of objects that every full collection of the detector would walk, all of
+# which hold only strings, numbers, arrays and containers of those, so none can be part
+# of a reference cycle. ``no_gc`` leaves them untracked (their dicts and sets are still
+# tracked, and untracked by the collector itself when they hold only atoms).
+
+
+@cython.no_gc
+@cython.final
+cdef class RequestRecord:
+    """A prompt of the window: who sent it, when, its bottom-k signature of private
+    fingerprints, its digest, and the sorted unit hashes of its non-plain words and
+    numbers (``detector.PROMPT_UNITS_KEPT`` at most). Immutable."""
+
+    cdef readonly str tenant
+    cdef readonly str request_id
+    cdef readonly double time
+    cdef readonly object signature
+    cdef readonly bytes prompt_digest
+    cdef readonly object prompt_units
+
+    def __init__(self, str tenant, str request_id, double time, signature,
+                 bytes prompt_digest, prompt_units):
+        self.tenant = tenant
+        self.request_id = request_id
+        self.time = time
+        self.signature = signature
+        self.prompt_digest = prompt_digest
+        self.prompt_units = prompt_units
+
+
+@cython.no_gc
+@cython.final
+cdef class EntityOwner:
+    """Who used an entity: ``tenants`` maps tenant -> (the caller's value for its latest
+    use, time); ``echoes`` (None until the first) are other tenants whose outputs wrote
+    it while no prompt held it, since a string the model writes for everyone is its habit
+    once ``common_tenants`` tenants have seen it; ``prompted``: some prompt held it (an
+    index value without the output bit); ``pinned``: a canary, which never expires."""
+
+    cdef public str kind
+    cdef public dict tenants
+    cdef public bint pinned
+    cdef public object echoes
+    cdef public bint prompted
+
+    def __init__(self, str kind):
+        self.kind = kind
+        self.tenants = {}
+        self.pinned = False
+        self.echoes = None
+        self.prompted = False
+
+    def model_born(self):
+        """No prompt ever held it: only models wrote it."""
+        return not self.prompted
+
+    def users(self):
+        """Tenants that used it, echoes included."""
+        echoed = len(self.echoes - self.tenants.keys()) if self.echoes else 0
+        return len(self.tenants) + echoed

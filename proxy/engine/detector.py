@@ -31,6 +31,7 @@ from itertools import accumulate, islice
 
 import numpy as np
 
+from proxy.engine._core import RequestRecord
 from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
     EntityIndex,
@@ -119,18 +120,6 @@ class Finding:
 
 
 @dataclass(slots=True)
-class _Request:
-    tenant: str
-    request_id: str
-    time: float
-    signature: np.ndarray  # bottom-k of the prompt's private fingerprints
-    prompt_digest: bytes
-    # Sorted unit hashes of the prompt's non-plain words and numbers (at most
-    # PROMPT_UNITS_KEPT): an answer that restates them is specific to this exchange.
-    prompt_units: np.ndarray = field(default_factory=lambda: _NO_UNITS)
-
-
-@dataclass(slots=True)
 class _Run:
     """Coverage of one victim choice by one foreign request's fingerprints."""
 
@@ -186,7 +175,7 @@ class Engine:
             self.hasher.units([n for n in numbers if not is_specific_number(n)])
         )
         self._baseline_entities: set[str] = set()
-        self._requests: dict[int, _Request] = {}
+        self._requests: dict[int, RequestRecord] = {}  # untracked by the GC
         self._order: deque[int] = deque()  # slots by time, for expiry
         self._next_slot = 1
         self._last_sweep = 0.0
@@ -440,7 +429,9 @@ class Engine:
         self._next_slot += 1
         if signature is None:
             signature = _NO_UNITS
-        self._requests[slot] = _Request(tenant, request_id, now, signature, digest, prompt_units)
+        self._requests[slot] = RequestRecord(
+            tenant, request_id, now, signature, digest, prompt_units
+        )
         self._order.append(slot)
         return slot
 

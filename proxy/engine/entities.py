@@ -17,9 +17,11 @@ import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import ahocorasick
+
+from proxy.engine._core import EntityOwner  # untracked by the garbage collector
 
 MIN_ENTITY_CHARS = 6
 # pyahocorasick 2.x crashes (segfault) when an iterator continued with set(..., False)
@@ -247,28 +249,6 @@ def extract_entities(text: str) -> list[Entity]:
                 found.append(Entity(kind, value, s, e))
     found.sort(key=lambda ent: ent.start)
     return found
-
-
-@dataclass(slots=True)
-class EntityOwner:
-    """Who used an entity: tenant -> (the caller's value for its latest use, time)."""
-
-    kind: str
-    tenants: dict[str, tuple[int, float]] = field(default_factory=dict)
-    pinned: bool = False  # canaries never expire
-    # Other tenants whose outputs wrote it too, while no prompt holds it: a string the
-    # model writes for everyone is its habit once common_tenants tenants have seen it.
-    # None until the first: most entities have none, and every set, even an empty one, is
-    # an object the garbage collector walks in each full collection (one per entity).
-    echoes: set[str] | None = None
-    prompted: bool = False  # some prompt held it (an index value without the output bit)
-
-    def model_born(self) -> bool:
-        """No prompt ever held it: only models wrote it."""
-        return not self.prompted
-
-    def users(self) -> int:
-        return len(self.tenants) + (len(self.echoes - self.tenants.keys()) if self.echoes else 0)
 
 
 class EntityIndex:
