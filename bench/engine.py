@@ -16,7 +16,10 @@ How:
    given whole (fixed-size tables included: the commonness sketch and the tenant-pair
    filter, 25 MB whatever the count, resident once the first thousands of fingerprints
    have touched their pages) and per fingerprint stored in the second half of the fill
-   (what one more fingerprint costs; the target is judged on this one).
+   (what one more fingerprint costs; the target is judged on this one): the
+   least-squares slope of RSS samples taken every 1/40 of the fill, since one snapshot
+   can fall either side of an index merge's allocation (two-point differences of the
+   same code gave 33 and 45 B).
 3. *Streaming latency.* ``--responses`` responses (100-300 words) stream through
    ``ResponseScan.feed`` in deltas of 1-3 words, a fifth of them cut mid-word, eight
    responses interleaved round-robin as concurrent streams are. Every ``feed`` call is
@@ -52,6 +55,7 @@ import platform
 import pstats
 import random
 import re
+import statistics
 import sys
 import time
 from collections import Counter
@@ -70,6 +74,7 @@ KEY = b"bench-key-0123456789abcdef012345"
 TARGET_MBPS = 10.0
 TARGET_P99_US = 50.0
 TARGET_BYTES_PER_FP = 64.0
+RSS_SAMPLES = 40  # over the fill, for the slope of RSS per fingerprint
 FILL_SECONDS = 500.0  # prompts' times spread over this (window: 600 s)
 CONCURRENCY = 8  # responses streamed round-robin
 LEAK_SHARE = 0.10  # responses carrying a 20-word page of a foreign prompt
@@ -224,9 +229,7 @@ class FillResult:
     seconds: float = 0.0
     call_us: list[float] = field(default_factory=list)
     kept: list[Prompt] = field(default_factory=list)  # a sample, sources of leaks
-    # (fingerprints, RSS bytes) when half the fill was in, and at its end, taken alike
-    half: tuple[int, int] = (0, 0)
-    end: tuple[int, int] = (0, 0)
+    rss: list[tuple[int, int]] = field(default_factory=list)  # (fingerprints, RSS bytes)
 
 
 def fill(engine: Engine, gen: TextGen, args: argparse.Namespace) -> FillResult:
@@ -257,16 +260,14 @@ def fill(engine: Engine, gen: TextGen, args: argparse.Namespace) -> FillResult:
         res.prompts += 1
         res.bytes += len(text.encode())
         res.words += len(words)
-        if not res.half[0] and len(engine.index) >= args.fingerprints // 2:
-            res.half = (len(engine.index), rss_bytes())
+        if len(engine.index) >= len(res.rss) * args.fingerprints / RSS_SAMPLES:
+            res.rss.append((len(engine.index), rss_bytes()))
         if res.prompts % 7 == 0 and len(res.kept) < 2000:
             # The entities as the engine extracted them (a generated phone number can
             # run into a following number): planted as is, they are a certain match.
             found = [e.text for e in extract_entities(text)]
             res.kept.append(Prompt(tenant, rid, text, words, found))
-    res.end = (len(engine.index), rss_bytes())
-    if not res.half[0] or res.end[0] <= res.half[0]:
-        raise SystemExit("engine: the fill never passed its half: no per-fingerprint RSS")
+    res.rss.append((len(engine.index), rss_bytes()))
     res.seconds = ns / 1e9
     res.tenants = len(seen)
     return res
@@ -551,8 +552,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     bytes_per_fp = engine_bytes / fps
     rss_per_fp = (rss1 - rss0) / fps
-    (half_fps, half_rss), (end_fps, end_rss) = fill_res.half, fill_res.end
-    marginal_per_fp = (end_rss - half_rss) / (end_fps - half_fps)
+    second_half = [(n, b) for n, b in fill_res.rss if n >= fps / 2]
+    if len(second_half) < 3:
+        raise SystemExit("engine: too few RSS samples over the fill's second half")
+    marginal_per_fp = statistics.linear_regression(*zip(*second_half, strict=True)).slope
     finish = percentiles_us(sres.finish_ns)
     observe = percentiles_us([int(us * 1000) for us in fill_res.call_us])
     gc_pauses = sorted(sres.gc.pauses_ns)
