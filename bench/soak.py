@@ -25,6 +25,10 @@
   commonness its predecessor learned, so each lifetime's exchanges are compared with a
   replay of the capture from that lifetime's window on.
 
+Reported, not judged: the detector's garbage collector since its restart, from its
+metrics (collections and the longest pause per generation, on the wall clock and in CPU
+time: on a loaded machine the first also holds the time the process was not running).
+
     python bench/soak.py [--quick] [--minutes 60] [--no-redis] [--json out.json]
 
 Exit status 0 when every check passes, 1 otherwise.
