@@ -283,24 +283,21 @@ def test_jwt_claim_names_the_tenant_only_when_the_token_verifies():
 
 def test_jwt_keys_and_algorithms_are_checked_when_loaded():
     _, public = es256_pair()
-    with pytest.raises(ValueError, match="cannot share a key"):
-        load_jwt_key(public, ("HS256", "ES256"))
-    with pytest.raises(ValueError, match="some of"):
-        load_jwt_key(public, ("none",))
-    with pytest.raises(ValueError, match=">= 32 bytes"):
-        load_jwt_key(b"short\n", ("HS256",))
-    with pytest.raises(ValueError, match=">= 48 bytes"):
-        load_jwt_key(b"s" * 40, ("HS256", "HS384"))
-    with pytest.raises(ValueError, match="cannot be a PEM key"):
-        load_jwt_key(public + b"padding" * 8, ("HS256",))
-    # The key must fit every algorithm listed, or a forged header would reach PyJWT
-    # with a key it refuses (an exception in the request hook, not a verdict).
-    with pytest.raises(ValueError, match="cannot verify ES384"):
-        load_jwt_key(public, ("ES256", "ES384"))
-    with pytest.raises(ValueError, match="cannot verify RS256"):
-        load_jwt_key(public, ("RS256",))
-    with pytest.raises(ValueError, match="not a PEM"):
-        load_jwt_key(b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", ("RS256",))
+    not_pem = b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n"
+    for data, algorithms, says in (
+        (public, ("HS256", "ES256"), "cannot share a key"),
+        (public, ("none",), "some of"),
+        (b"short\n", ("HS256",), ">= 32 bytes"),
+        (b"s" * 40, ("HS256", "HS384"), ">= 48 bytes"),
+        (public + b"padding" * 8, ("HS256",), "cannot be a PEM key"),
+        # The key must fit every algorithm listed, or a forged header would reach PyJWT
+        # with a key it refuses (an exception in the request hook, not a verdict).
+        (public, ("ES256", "ES384"), "cannot verify ES384"),
+        (public, ("RS256",), "cannot verify RS256"),
+        (not_pem, ("RS256",), "not a PEM"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            load_jwt_key(data, algorithms)
     with pytest.raises(ValueError, match="needs a verification key"):
         rules(sources=("jwt",))
     assert load_jwt_key(b" " + b"s" * 32 + b"\n", ("HS256",)) == b"s" * 32
