@@ -46,6 +46,9 @@ JWT_PUBLIC_KEY = frozenset(
 JWT_HMAC_MIN_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 JWT_LEEWAY_SECONDS = 30  # clock skew tolerated between the token's issuer and this host
 MAX_CLAIM_LOGGED = 128
+# What PyJWT may raise on a token it rejects, or on a key it refuses (not only its
+# InvalidTokenError): each means "did not verify", never a crash of the request hook.
+JWT_REJECTIONS = (jwt.PyJWTError, TypeError, ValueError)
 DEFAULT_TRUSTED_PEERS = ("127.0.0.0/8", "::1/128")
 HASHED_KEY_PREFIX = "sha256:"
 
@@ -132,7 +135,7 @@ class TenantRules:
                 leeway=JWT_LEEWAY_SECONDS,
                 options={"require": ["exp"], "verify_exp": verify_expiry},
             )
-        except (jwt.PyJWTError, TypeError, ValueError):
+        except JWT_REJECTIONS:
             return None, _unverified_claim(token, self.jwt_claim)
         value = claims.get(self.jwt_claim)
         return (value.strip() or None, None) if isinstance(value, str) else (None, None)
@@ -180,7 +183,7 @@ def load_jwt_key(data: bytes, algorithms: tuple[str, ...]) -> Any:
     for name in algorithms:
         try:
             jwt.get_algorithm_by_name(name).prepare_key(key)
-        except (jwt.PyJWTError, TypeError, ValueError) as e:
+        except JWT_REJECTIONS as e:
             raise ValueError(f"the key ({type(key).__name__}) cannot verify {name}: {e}") from None
     return key
 
@@ -188,7 +191,7 @@ def load_jwt_key(data: bytes, algorithms: tuple[str, ...]) -> Any:
 def _unverified_claim(token: str, claim: str) -> str:
     try:
         value = jwt.decode(token, options={"verify_signature": False}).get(claim)
-    except jwt.InvalidTokenError:
+    except JWT_REJECTIONS:
         return ""
     return value[:MAX_CLAIM_LOGGED] if isinstance(value, str) else ""
 
