@@ -666,6 +666,51 @@ def test_expired_source_is_forgotten_even_when_newer_traffic_keeps_the_index_hot
     assert found == []
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["dropped", "still-held"])
+@pytest.mark.parametrize("delay, reported", [(59.5, True), (60.5, False)])
+def test_source_leaves_the_window_at_its_horizon(delay, reported, held):
+    """A prompt's text is a source for exactly the window, whether or not the sweep has
+    dropped the request yet when the window closes (``held``: a sweep half a second
+    earlier left it in place)."""
+    engine = make_engine(window_seconds=60)
+    leak_from_a(engine)  # T0
+    if held:
+        exchange(engine, "C", "c-1", "Tell me about tulips.", "Tulips are nice.", T0 + delay - 0.5)
+    found = exchange(engine, "B", "b-1", PROMPT_B, OUTPUT_B, T0 + delay)
+    assert kinds(found) == ([FRAGMENT] if reported else [])
+
+
+MODEL_REFERENCE = "Your booking is confirmed under reference REF-76242946, keep it safe."
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["dropped", "still-held"])
+@pytest.mark.parametrize(
+    "delay, same_question, reported",
+    [(50.0, False, True), (50.0, True, False), (60.5, False, False), (60.5, True, False)],
+)
+def test_output_entity_leaves_the_window_with_its_request(delay, same_question, reported, held):
+    """A's answer, finished 20 s after its prompt, holds a reference the model wrote.
+    Once A's request has left the window the reference is nobody's, for any question,
+    whether the once-a-second sweep has dropped that request yet or not (a replay and
+    the live detector sweep at different moments; measured in a soak: 2 findings on
+    clean exchanges that the replay did not make). Controls: inside the window it is
+    A's, unless B asked A's question."""
+    engine = make_engine(window_seconds=60)
+    question = "Book me a table for two at the harbour restaurant on Friday."
+    scan = engine.observe_prompt("A", "a-1", question, now=T0)
+    stream(scan, MODEL_REFERENCE, now=T0 + 20)
+    if held:  # a sweep half a second before B, while A was in the window: none due at B
+        exchange(engine, "C", "c-1", "Tell me about tulips.", "Tulips are nice.", T0 + delay - 0.5)
+    prompt_b = question if same_question else "Which museums in Oslo open on Mondays?"
+    found = exchange(engine, "B", "b-1", prompt_b, "Noted: REF-76242946.", T0 + delay)
+    if reported:
+        assert [(f.kind, f.source_tenant, f.source_request_id) for f in found] == [
+            (ENTITY, "A", "a-1")
+        ]
+    else:
+        assert found == []
+
+
 # -- privacy -------------------------------------------------------------------------
 
 

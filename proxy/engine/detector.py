@@ -31,7 +31,7 @@ from itertools import accumulate, islice
 
 import numpy as np
 
-from proxy.engine._core import RequestRecord
+from proxy.engine._core import EntityOwner, RequestRecord
 from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
     EntityIndex,
@@ -795,6 +795,17 @@ class ResponseScan:
         record = self.engine._requests.get(value >> 1)
         return record.prompt_units if record is not None else _NO_UNITS
 
+    def _source_record(self, slot: int) -> RequestRecord | None:
+        """The request at ``slot`` while it is in the window at this scan's clock, else
+        None. The sweep runs at most once a second, and an output's index values and
+        entities are dated by its end, after its request: presence alone would let a
+        source with no request left be reported, or not, by when the sweep last ran
+        (so a live detector and a replay of its capture would disagree)."""
+        record = self.engine._requests.get(slot)
+        if record is None or record.time < self._now - self.engine.config.window_seconds:
+            return None
+        return record
+
     def _same_question(self, slot: int) -> bool:
         """``Engine.similar_prompts`` of this request and ``slot``, once per slot: a
         response meets the same source on many of its k-grams."""
@@ -811,7 +822,7 @@ class ResponseScan:
         tenants: set[str] = set()
         foreign: list[int] = []
         for value in values:
-            record = engine._requests.get(value >> 1)
+            record = self._source_record(value >> 1)
             if record is None:
                 continue  # expired
             if value & 1 and self._same_question(value >> 1):
@@ -914,26 +925,20 @@ class ResponseScan:
             is_canary = owner.kind == CANARY
             if not is_canary and owner.users() >= self.engine.config.common_tenants:
                 continue
-            sources = [
-                (t, value)
-                for t, (value, _) in sorted(owner.tenants.items(), key=lambda item: -item[1][1])
-                if not (value & 1 and self._same_question(value >> 1))
-            ]
+            sources = self._entity_sources(owner, is_canary)
             if not sources:
                 self._echoed_entities.add(entity_id)
-                continue  # only in answers to the same question
-            tenant, value = sources[0]
-            slot = value >> 1
+                continue  # only in answers to the same question, or in none left
+            tenant, record = sources[0]
             kind = CANARY if is_canary else ENTITY
             if (kind, tenant) in self._reported:
                 continue
             self._reported.add((kind, tenant))
-            record = self.engine._requests.get(slot)
             found.append(
                 Finding(
                     kind,
                     tenant,
-                    record.request_id if record else "",
+                    record.request_id,
                     1.0,
                     1.0,
                     start,
@@ -945,6 +950,20 @@ class ResponseScan:
             )
         self.findings += found
         return found
+
+    def _entity_sources(
+        self, owner: EntityOwner, is_canary: bool
+    ) -> list[tuple[str, RequestRecord]]:
+        """(tenant, request) of each other use of an entity that makes it a finding,
+        latest first: a canary's (its request never leaves the window); another one's
+        while its request is in the window, unless it answered the same question."""
+        sources = []
+        for tenant, (value, _) in sorted(owner.tenants.items(), key=lambda item: -item[1][1]):
+            slot = value >> 1
+            record = self.engine._requests.get(slot) if is_canary else self._source_record(slot)
+            if record is not None and not (value & 1 and self._same_question(slot)):
+                sources.append((tenant, record))
+        return sources
 
 
 class _ChoiceState:
