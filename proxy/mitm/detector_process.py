@@ -58,6 +58,14 @@ def encode(*message: Any) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
+# -O: mitmproxy type-checks every message it builds only under ``__debug__``, and each
+# check of an optional field that is None raises and catches a TypeError whose
+# traceback holds the frames that built the message. Every copy the worker rebuilds
+# would then be a reference cycle, freed by the collector alone: all the exchanges of
+# the last minutes at once, in one full collection that stalls every stream.
+WORKER_FLAGS = ("-O",)
+
+
 class FrameDecoder:
     """Frames from a byte stream cut anywhere: ``feed`` returns the complete ones."""
 
@@ -126,7 +134,7 @@ class DetectorProcess:
     def start(self) -> None:
         """Start the child and hand it its configuration (the first frame)."""
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy.mitm.detector_worker"],
+            [sys.executable, *WORKER_FLAGS, "-m", "proxy.mitm.detector_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             preexec_fn=_lower_priority(self.nice) if self.nice else None,

@@ -81,7 +81,7 @@ class ExchangeCopies:
             if data is not None:
                 flow.response.raw_content = data
             await self._hook(HttpResponseHook(flow))
-            self._confirm(xid, monitor)
+            self._confirm(xid, flow, monitor)
             if data is not None:
                 self.reply(xid, flow.response.headers.get("x-crosstalk-verdict"))
         elif kind == "error":
@@ -90,25 +90,29 @@ class ExchangeCopies:
                 monitor.ended = at
             flow.error = Error(data)
             await self._hook(HttpErrorHook(flow))
-            self._confirm(xid, monitor)
+            self._confirm(xid, flow, monitor)
 
-    def _confirm(self, xid: int, monitor: Any) -> None:
+    def _confirm(self, xid: int, flow: http.HTTPFlow, monitor: Any) -> None:
         """Tell the proxy once this exchange's line is written (it settles after the
-        hooks' own callbacks, which log it)."""
-        if monitor is None:
+        hooks' own callbacks, which log it), and let go of the copy."""
+
+        def settled() -> None:
             self.confirm(xid)
+            # The addons' state refers back to the flow and to itself: cycles that would
+            # wait for a full collection (``ExchangeMonitor.release``). Nothing reads a
+            # finished copy again.
+            if monitor is not None:
+                monitor.release()
+            flow.metadata.clear()
+
+        if monitor is None:
+            settled()
         else:
-            monitor.when_settled(lambda: self.confirm(xid))
+            monitor.when_settled(settled)
 
     async def _request(self, xid: int, data: tuple, at: float) -> None:
         state, peer, trusted = data
-        request = http.Request.from_state(state)
-        flow = http.HTTPFlow(
-            connection.Client(peername=peer or _PEER, sockname=_PEER, timestamp_start=time.time()),
-            connection.Server(address=(request.host, request.port)),
-            live=True,
-        )
-        flow.request = request
+        flow = rebuilt_flow(state, peer)
         flow.metadata[CLAIMS_TRUSTED_KEY] = trusted
         await self._hook(HttpRequestHook(flow))
         monitor = flow.metadata.get(METADATA_KEY)
@@ -118,6 +122,18 @@ class ExchangeCopies:
 
     async def _hook(self, hook: Any) -> None:
         await self.master.addons.handle_lifecycle(hook)
+
+
+def rebuilt_flow(request_state: dict, peer: tuple[str, int] | None) -> http.HTTPFlow:
+    """A live flow around the request the proxy copied (``Request.get_state()``)."""
+    request = http.Request.from_state(request_state)
+    flow = http.HTTPFlow(
+        connection.Client(peername=peer or _PEER, sockname=_PEER, timestamp_start=time.time()),
+        connection.Server(address=(request.host, request.port)),
+        live=True,
+    )
+    flow.request = request
+    return flow
 
 
 async def serve(read_fd: int, write_fd: int) -> int:

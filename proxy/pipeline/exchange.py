@@ -120,6 +120,10 @@ def leak_event_fields(
     }
 
 
+def _no_findings(monitor: ExchangeMonitor, findings: list[Finding]) -> None:
+    """The findings callback of a released monitor (none can come)."""
+
+
 @dataclass
 class ExchangeMonitor:
     """Per-exchange state: identity, timings, the scan, the gate, and what was seen."""
@@ -193,6 +197,15 @@ class ExchangeMonitor:
         """Live state (the engine's scan, callbacks): never part of a copied or saved
         flow. mitmproxy deep-copies ``flow.metadata`` when it saves a flow (``-w``)."""
         return None
+
+    def release(self) -> None:
+        """Let go of the callbacks, once the exchange has settled and nothing will run
+        on it again. They close over the flow and this monitor: reference cycles that
+        only a full collection frees, and it frees all the exchanges of the last minutes
+        at once (measured in a detector process: 16-64 ms of its full collections)."""
+        self.on_findings = _no_findings
+        self.on_block = self.on_delta = self.on_scan = None
+        self.pending_observe = self.defer = self.deferred_count = None
 
     def observe_steps(self) -> Generator[None, None, None] | None:
         """Record the prompt, in steps when ``pending_observe`` is a generator function
