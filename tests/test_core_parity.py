@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from proxy.engine import _core, reference
 from proxy.engine.fingerprint import Hasher
-from proxy.engine.index import CommonnessSketch, FingerprintIndex
+from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.tokens import StreamTokenizer, unit_batch
 from proxy.sim.answers import answer_for
 from proxy.sim.faults import FaultInjector
@@ -124,6 +124,7 @@ def test_an_engine_on_the_compiled_core_finds_what_the_python_one_found(monkeypa
     monkeypatch.setattr(_core, "kgrams", reference.kgrams)
     monkeypatch.setattr(_core, "sketch_counts", reference.sketch_counts)
     monkeypatch.setattr(_core, "FrozenGenerations", reference.FrozenGenerations)
+    monkeypatch.setattr(_core, "pair_first_seen", reference.pair_first_seen)
     assert len(compiled) > 20  # the workload's leaks are found at all
     assert engine_findings() == compiled
 
@@ -170,6 +171,27 @@ def test_sketch_counts_are_the_reference_ones(seed, size):
         sketch._flat, tuple(sketch._seed_ints), sketch._mask_int, sketch._width, queries
     )
     assert max(compiled) > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 400), st.sampled_from([10, 16, 25]))
+def test_pair_filter_is_the_reference_one(seed, size, bits):
+    """The same pairs are new, in the same order, and the same bits are set, over both
+    generations (a filter rotated once) and with fingerprints given twice."""
+    rng = random.Random(seed)
+    fps = [rng.getrandbits(64) for _ in range(size)]
+    tenants = [rng.getrandbits(64) for _ in range(3)]
+    pairs = PairFilter(bits=bits, period=10.0)
+    for now, tenant in zip([0.0, 5.0, 11.0, 12.0], tenants + tenants[:1], strict=True):
+        batch = rng.sample(fps, max(1, size // 2))
+        batch += batch[: len(batch) // 4]  # some twice
+        pairs._rotate(now)  # at 11 s: the first generation becomes the previous one
+        current, previous = (bytearray(g) for g in pairs.generations)
+        expected = reference.pair_first_seen(current, previous, tenant, batch, 64 - bits)
+        assert pairs.first_seen(tenant, batch, now) == expected
+        assert pairs.generations == [current, previous]
+        assert expected or now == 12.0  # new pairs at all (at 12 s tenant 0 again: maybe none)
+    assert pairs.first_seen(tenant, batch[:1], 12.5) == []  # a pair just seen is not new
 
 
 def test_compiled_lookups_refuse_columns_that_do_not_fit():

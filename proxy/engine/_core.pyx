@@ -108,6 +108,42 @@ def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
     return out
 
 
+cdef uint64_t PAIR_STEP = 0xC2B2AE3D27D4EB4FULL
+cdef uint64_t PAIR_MULTIPLIER = 0x9E3779B97F4A7C15ULL
+
+
+def pair_first_seen(unsigned char[::1] current, const unsigned char[::1] previous,
+                    uint64_t tenant_key, list fingerprints, int shift):
+    """``PairFilter.first_seen``'s loop: each (tenant, fingerprint) pair is three bits,
+    the top ``64 - shift`` bits of ``(pair + i * STEP) * MULTIPLIER`` for i = 0, 1, 2
+    (``pair = tenant_key ^ fp``), in two Bloom generations of equal size. A pair in
+    neither is recorded in ``current`` and its fingerprint returned, in order; a
+    fingerprint given twice is new at most once."""
+    if not 0 < shift < 64 or previous.shape[0] != current.shape[0]:
+        raise ValueError("pair_first_seen: generations differ or the shift is out of range")
+    if ((<uint64_t>-1) >> shift) >> 3 >= <uint64_t>current.shape[0]:
+        raise ValueError("pair_first_seen: the generations are too short for the shift")
+    cdef uint64_t fp, pair, a, b, c
+    cdef unsigned char am, bm, cm
+    cdef list new = []
+    for item in fingerprints:
+        fp = <uint64_t>item
+        pair = tenant_key ^ fp
+        a = (pair * PAIR_MULTIPLIER) >> shift
+        b = ((pair + PAIR_STEP) * PAIR_MULTIPLIER) >> shift
+        c = ((pair + 2 * PAIR_STEP) * PAIR_MULTIPLIER) >> shift
+        am, bm, cm = 1 << (a & 7), 1 << (b & 7), 1 << (c & 7)
+        if (current[a >> 3] & am and current[b >> 3] & bm and current[c >> 3] & cm) or (
+            previous[a >> 3] & am and previous[b >> 3] & bm and previous[c >> 3] & cm
+        ):
+            continue
+        current[a >> 3] |= am
+        current[b >> 3] |= bm
+        current[c >> 3] |= cm
+        new.append(fp)
+    return new
+
+
 cdef inline Py_ssize_t lower_bound(const uint64_t* keys, Py_ssize_t n, uint64_t key) noexcept nogil:
     cdef Py_ssize_t lo = 0, hi = n, mid
     while lo < hi:

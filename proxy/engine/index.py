@@ -24,9 +24,6 @@ from proxy.engine import _core
 _EMPTY: tuple[int, ...] = ()
 _MASK64 = (1 << 64) - 1
 _SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call overhead
-# The pair filter's numpy path costs ~50 us whatever the size (bitwise_or.at); its
-# unrolled Python path ~1 us a fingerprint: equal at about 64 (measured).
-_PAIR_SCALAR_BATCH = 64
 _ANY_BITS = 24  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
 _BULK_ADD = 16  # from this many fingerprints, add_many starts with set operations
 
@@ -354,80 +351,23 @@ class PairFilter:
     def nbytes(self) -> int:
         return sum(len(g) for g in self.generations)
 
-    _STEP = 0xC2B2AE3D27D4EB4F
-    _MULTIPLIER = 0x9E3779B97F4A7C15
-
-    def _position_arrays(self, pairs: np.ndarray) -> list[np.ndarray]:
-        """The three bit positions of every pair, as arrays: the same as ``_add_scalar``'s
-        (uint64 arithmetic wraps like the masked Python ints)."""
-        shift = np.uint64(64 - self._bits)
-        with np.errstate(over="ignore"):
-            return [
-                ((pairs + np.uint64((i * self._STEP) & _MASK64)) * np.uint64(self._MULTIPLIER))
-                >> shift
-                for i in range(self.HASHES)
-            ]
-
     def add_new(self, tenant_key: int, fingerprint: int, now: float) -> bool:
         """Record the pair; True if it was not already there."""
-        self._rotate(now)
-        return bool(self._add_scalar(tenant_key, [fingerprint]))
-
-    def _add_scalar(self, tenant_key: int, fingerprints: Iterable[int]) -> list[int]:
-        """The fingerprints whose pair is new, recorded; unrolled, since this is the hot
-        path of every SSE delta."""
-        current, previous = self.generations
-        shift, step, mult = 64 - self._bits, self._STEP, self._MULTIPLIER
-        new = []
-        for fp in fingerprints:
-            pair = tenant_key ^ fp
-            a = ((pair * mult) & _MASK64) >> shift
-            b = (((pair + step) * mult) & _MASK64) >> shift
-            c = (((pair + 2 * step) * mult) & _MASK64) >> shift
-            ai, am, bi, bm, ci, cm = (
-                a >> 3,
-                1 << (a & 7),
-                b >> 3,
-                1 << (b & 7),
-                c >> 3,
-                1 << (c & 7),
-            )
-            if (current[ai] & am and current[bi] & bm and current[ci] & cm) or (
-                previous[ai] & am and previous[bi] & bm and previous[ci] & cm
-            ):
-                continue
-            current[ai] |= am
-            current[bi] |= bm
-            current[ci] |= cm
-            new.append(fp)
-        return new
+        return bool(self.first_seen(tenant_key, [fingerprint], now))
 
     def first_seen(self, tenant_key: int, fingerprints: Sequence[int], now: float) -> list[int]:
         """Record every (tenant, fingerprint) pair; return the distinct fingerprints whose
-        pair was not there yet. Many at once go through numpy, a few through ``add_new``."""
+        pair was not there yet, in order (compiled: ``reference.pair_first_seen`` is the
+        Python it replaced)."""
         self._rotate(now)
-        distinct = list(dict.fromkeys(fingerprints))
-        if len(distinct) <= _PAIR_SCALAR_BATCH:
-            return self._add_scalar(tenant_key, distinct)
-        fps = np.array(distinct, dtype=np.uint64)
-        positions = self._position_arrays(fps ^ np.uint64(tenant_key))
-        seen = np.zeros(len(fps), dtype=bool)
-        for generation in self.generations:
-            bits = np.frombuffer(generation, dtype=np.uint8)
-            present = np.ones(len(fps), dtype=bool)
-            for p in positions:
-                present &= (bits[p >> np.uint64(3)] >> (p & np.uint64(7)).astype(np.uint8)) & 1 == 1
-            seen |= present
-        new = ~seen
-        current = np.frombuffer(self.generations[0], dtype=np.uint8)
-        for p in positions:
-            chosen = p[new]
-            np.bitwise_or.at(
-                current,
-                (chosen >> np.uint64(3)).astype(np.intp),
-                np.left_shift(1, (chosen & np.uint64(7)).astype(np.uint8)).astype(np.uint8),
-            )
-        return fps[new].tolist()
+        current, previous = self.generations
+        return _core.pair_first_seen(
+            current,
+            previous,
+            tenant_key,
+            fingerprints if isinstance(fingerprints, list) else list(fingerprints),
+            64 - self._bits,
+        )
 
     def _rotate(self, now: float) -> None:
         if self._started is None:

@@ -47,6 +47,28 @@ def sketch_counts(
     ]  # fmt: skip
 
 
+def pair_first_seen(
+    current: bytearray, previous: bytearray, tenant_key: int, fingerprints: list[int], shift: int
+) -> list[int]:
+    """``_core.pair_first_seen``: the unrolled Python loop the pair filter ran."""
+    step, mult, new = 0xC2B2AE3D27D4EB4F, 0x9E3779B97F4A7C15, []
+    for fp in fingerprints:
+        pair = tenant_key ^ fp
+        a = ((pair * mult) & _MASK) >> shift
+        b = (((pair + step) * mult) & _MASK) >> shift
+        c = (((pair + 2 * step) * mult) & _MASK) >> shift
+        ai, am, bi, bm, ci, cm = a >> 3, 1 << (a & 7), b >> 3, 1 << (b & 7), c >> 3, 1 << (c & 7)
+        if (current[ai] & am and current[bi] & bm and current[ci] & cm) or (
+            previous[ai] & am and previous[bi] & bm and previous[ci] & cm
+        ):
+            continue
+        current[ai] |= am
+        current[bi] |= bm
+        current[ci] |= cm
+        new.append(fp)
+    return new
+
+
 def frozen_values(
     generations: list[tuple[np.ndarray, np.ndarray, bytes, int]],
     any_bits: bytes | bytearray,
