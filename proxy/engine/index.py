@@ -22,7 +22,6 @@ import numpy as np
 from proxy.engine import _core
 
 _EMPTY: tuple[int, ...] = ()
-_MASK64 = (1 << 64) - 1
 _SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call overhead
 _ANY_BITS = 24  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
 _BULK_ADD = 16  # from this many fingerprints, add_many starts with set operations
@@ -338,8 +337,6 @@ class PairFilter:
     saved), only this filter keeps one tenant repeating its own text from counting as
     several tenants.
     """
-
-    HASHES = 3
 
     def __init__(self, *, bits: int = 25, period: float = 3600.0) -> None:
         self._bits = bits
