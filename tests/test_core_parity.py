@@ -6,11 +6,14 @@ over random text, and the same findings from an engine run over that workload.""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import _core, reference
+from proxy.engine.detector import PythonDeltaScanner
 from proxy.engine.fingerprint import Hasher
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.tokens import StreamTokenizer, unit_batch
@@ -125,8 +128,70 @@ def test_an_engine_on_the_compiled_core_finds_what_the_python_one_found(monkeypa
     monkeypatch.setattr(_core, "sketch_counts", reference.sketch_counts)
     monkeypatch.setattr(_core, "FrozenGenerations", reference.FrozenGenerations)
     monkeypatch.setattr(_core, "pair_first_seen", reference.pair_first_seen)
+    monkeypatch.setattr(_core, "DeltaScanner", PythonDeltaScanner)
     assert len(compiled) > 20  # the workload's leaks are found at all
     assert engine_findings() == compiled
+
+
+def streamed_state(seed: int, baseline: bool) -> tuple[list, list, dict, bytes, bytes]:  # noqa: PLR0914
+    """A fresh engine over 400 exchanges of the quality workload (CJK and other
+    non-ASCII answers included), each answer cut at random characters, mid-word too,
+    with empty deltas: the findings, each output's keyed record, the index's hot
+    generation and frozen keys, and the sketch's counters at the end."""
+    from proxy.config import Config
+    from proxy.factory import build_engine
+
+    config = Config()
+    engine = build_engine(
+        config, replace(config.engine_config(), key=b"parity-key-0123456789abcdef")
+    )
+    if baseline:  # the compiled step must leave the baseline's k-grams out as well
+        engine.add_baseline("Here is a summary of the key points to consider")
+    rng = random.Random(seed)
+    injector = FaultInjector(0.15, seed=seed)
+    found, records, non_ascii = [], [], 0
+    first_seq = engine.sequence  # the clock at start: differs between the two engines
+    for n, req in enumerate(Workload(tenants=12, seed=seed).requests(400)):
+        prompt = req.prompt_text()
+        answer, _ = injector.apply(req.tenant, req.request_id, prompt, answer_for(prompt))
+        injector.remember(req.tenant, req.request_id, prompt, answer, private=req.last_user_text())
+        scan = engine.observe_prompt(req.tenant, req.request_id, prompt, now=1000.0 + n)
+        at = 0
+        while at < len(answer):
+            size = rng.choice((0, 1, 2, 3, 5, 8, 13))
+            found += scan.feed(answer[at : at + size], 0, now=1000.0 + n)
+            at += size
+        found += scan.finish()
+        non_ascii += not answer.isascii()
+        records += [
+            (c.units.tolist(), c.weights.tolist(), c.numbers.tolist(), c.starts.tolist(),
+             c.ends.tolist(), c.batches.tolist(), (c.seqs - first_seq).tolist(), c.matches,
+             c.extracted, c.chars)
+            for c in scan.record().choices
+        ]  # fmt: skip
+    index = engine.index
+    frozen = [g.keys.tobytes() + g.values.tobytes() for g in index._generations]
+    findings = [(f.kind, f.source_request_id, f.start, f.end, f.detected_at) for f in found]
+    assert non_ascii > 10  # the workload's CJK and accented answers take the non-ASCII path
+    return (
+        findings,
+        records,
+        dict(index._hot),
+        b"".join(frozen),
+        engine.sketch.counts_array.tobytes(),
+    )
+
+
+@pytest.mark.parametrize(("seed", "baseline"), [(5, False), (6, True)])
+def test_the_compiled_delta_step_leaves_the_python_one_s_state(monkeypatch, seed, baseline):
+    compiled = streamed_state(seed, baseline)
+    monkeypatch.setattr(_core, "DeltaScanner", PythonDeltaScanner)
+    python = streamed_state(seed, baseline)
+    assert len(compiled[0]) > 10 and len(compiled[2]) > 1000  # leaks found, text indexed
+    for what, a, b in zip(
+        ("findings", "records", "hot", "frozen", "sketch"), compiled, python, strict=True
+    ):
+        assert a == b, what
 
 
 def filled_index(rng: random.Random, keys: list[int]) -> FingerprintIndex:

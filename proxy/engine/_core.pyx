@@ -10,7 +10,7 @@ garbage collector does not walk (issue 16's GC target).
 """
 
 cimport cython
-from cpython.unicode cimport PyUnicode_Substring
+from cpython.unicode cimport Py_UNICODE_ISDIGIT, PyUnicode_READ_CHAR, PyUnicode_Substring
 from libc.stdint cimport uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
@@ -33,18 +33,14 @@ cdef inline bint is_alnum(unsigned char c) noexcept nogil:
     return (c >= 48 and c <= 57) or (c >= 65 and c <= 90) or (c >= 97 and c <= 122)
 
 
-def ascii_units(str text, Py_ssize_t offset=0):
-    """The units of an ASCII ``text`` (runs of ``[A-Za-z0-9]``, lowercased) as three
-    columns: texts, start offsets, end offsets (shifted by ``offset``). The caller has
-    checked ``text.isascii()``; anything else is a ValueError."""
-    if not PyUnicode_IS_ASCII(text):
-        raise ValueError("ascii_units needs an ASCII string")
+cdef int append_ascii_units(str text, Py_ssize_t offset, list texts, list starts,
+                            list ends) except -1:
+    """``ascii_units``'s loop, appending to the caller's columns."""
     cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text)
     cdef Py_ssize_t i = 0, start
     cdef bint upper
     cdef unsigned char c
-    cdef list texts = [], starts = [], ends = []
     while i < n:
         if not is_alnum(data[i]):
             i += 1
@@ -61,26 +57,43 @@ def ascii_units(str text, Py_ssize_t offset=0):
         texts.append(unit.lower() if upper else unit)  # most words have no capital
         starts.append(start + offset)
         ends.append(i + offset)
+    return 0
+
+
+def ascii_units(str text, Py_ssize_t offset=0):
+    """The units of an ASCII ``text`` (runs of ``[A-Za-z0-9]``, lowercased) as three
+    columns: texts, start offsets, end offsets (shifted by ``offset``). The caller has
+    checked ``text.isascii()``; anything else is a ValueError."""
+    if not PyUnicode_IS_ASCII(text):
+        raise ValueError("ascii_units needs an ASCII string")
+    cdef list texts = [], starts = [], ends = []
+    append_ascii_units(text, offset, texts, starts, ends)
     return texts, starts, ends
 
 
-def kgrams(list hashes, int k):
-    """The fingerprint of every k-gram of ``hashes`` (unit hashes, 64-bit ints), in
-    order: ``Hasher.kgram`` of each window, rolled from the one before."""
-    cdef Py_ssize_t n = len(hashes) - k + 1, i
+cdef list kgrams_from(list hashes, Py_ssize_t first, int k):
+    """``kgrams`` of ``hashes[first:]``."""
+    cdef Py_ssize_t n = len(hashes) - first - k + 1, i
+    cdef list out = []
     if n <= 0 or k < 1:
-        return []
+        return out
     cdef uint64_t h = 0, top = 1
     cdef int j
     for j in range(k - 1):
         top *= PRIME  # the oldest unit's multiplier, PRIME ** (k - 1) mod 2**64
     for j in range(k):
-        h = h * PRIME + <uint64_t>hashes[j]
-    cdef list out = [mix64(h)]
-    for i in range(1, n):
+        h = h * PRIME + <uint64_t>hashes[first + j]
+    out.append(mix64(h))
+    for i in range(first + 1, first + n):
         h = (h - <uint64_t>hashes[i - 1] * top) * PRIME + <uint64_t>hashes[i + k - 1]
         out.append(mix64(h))
     return out
+
+
+def kgrams(list hashes, int k):
+    """The fingerprint of every k-gram of ``hashes`` (unit hashes, 64-bit ints), in
+    order: ``Hasher.kgram`` of each window, rolled from the one before."""
+    return kgrams_from(hashes, 0, k)
 
 
 def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
@@ -94,18 +107,23 @@ def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
     cdef uint64_t s[8]
     for r in range(depth):
         s[r] = <uint64_t>seeds[r]
-    cdef uint64_t fp
-    cdef unsigned short low, cell
     cdef list out = []
     for item in fingerprints:
-        fp = <uint64_t>item
-        low = 65535
-        for r in range(depth):
-            cell = flat[r * width + <Py_ssize_t>((((fp ^ s[r]) * 0xFF51AFD7ED558CCDULL) >> 29) & mask)]
-            if cell < low:
-                low = cell
-        out.append(low)
+        out.append(sketch_min(&flat[0], s, depth, mask, width, <uint64_t>item))
     return out
+
+
+cdef inline unsigned short sketch_min(const unsigned short* flat, const uint64_t* seeds,
+                                      Py_ssize_t depth, uint64_t mask, Py_ssize_t width,
+                                      uint64_t fp) noexcept nogil:
+    """One fingerprint's count in ``sketch_counts``: the smallest of its cells."""
+    cdef unsigned short low = 65535, cell
+    cdef Py_ssize_t r
+    for r in range(depth):
+        cell = flat[r * width + <Py_ssize_t>((((fp ^ seeds[r]) * 0xFF51AFD7ED558CCDULL) >> 29) & mask)]
+        if cell < low:
+            low = cell
+    return low
 
 
 cdef uint64_t PAIR_STEP = 0xC2B2AE3D27D4EB4FULL
@@ -209,6 +227,22 @@ cdef class FrozenGenerations:
         free(self.sizes)
         free(self.shifts)
 
+    cdef bint holds(self, uint64_t fp) noexcept:
+        """Some generation holds ``fp``."""
+        cdef Py_ssize_t g, lo, size
+        cdef uint64_t bucket = fp >> self.any_shift
+        if not (self.any_bits[bucket >> 3] >> (bucket & 7)) & 1:
+            return False
+        for g in range(self.count):
+            size = self.sizes[g]
+            bucket = fp >> self.shifts[g]
+            if not size or not (self.bitmaps[g][bucket >> 3] >> (bucket & 7)) & 1:
+                continue
+            lo = lower_bound(self.keys[g], size, fp)
+            if lo < size and self.keys[g][lo] == fp:
+                return True
+        return False
+
     def values_into(self, list fingerprints, list result):
         """Appends to ``result[i]`` (a tuple) the values every generation holds for
         ``fingerprints[i]``, oldest generation first; returns ``result``."""
@@ -240,6 +274,158 @@ cdef class FrozenGenerations:
             if found is not None:
                 result[i] = result[i] + found if result[i] else found
         return result
+
+
+# --- the per-delta step, fused -----------------------------------------------------------
+
+
+@cython.final
+cdef class DeltaScanner:
+    """The common case of ``ResponseScan.feed``'s fragment scan in one call: the streaming
+    tokenizer's step (``StreamTokenizer.feed``, on that object's own state), unit hashes
+    (through the hasher's cache), the choice's columns (``_ChoiceState.add_units``), the
+    new k-grams, and their classification against the index and the commonness sketch
+    (``Engine._classify``). When no new k-gram has an owner in the index, none can be
+    foreign, so the step also does what ``ResponseScan._learn_from`` would (the private
+    k-grams indexed as this output's, the uses queued for the sketch) and is done.
+
+    ``scan(response, state, delta)`` returns None when the delta needs nothing more: it
+    completed no unit, or its k-grams were all classified here. Otherwise ``(first,
+    fingerprints)``, the new k-grams and the index of the first, for the Python scan
+    (``ResponseScan._scan_kgrams``) to classify and match: about one delta in seventy on
+    the engine bench. ``reference.DeltaScanner`` is the Python it is held to: the same
+    state after every delta, the same findings.
+
+    Holds the engine's tables by reference: the sketch's counters and the hasher's cache
+    change in place, the index is asked for its frozen generations on every call. The
+    engine builds a new one when its baseline corpus changes."""
+
+    cdef dict cache
+    cdef object unit
+    cdef object unit_batch
+    cdef object specific_number
+    cdef int k
+    cdef int word_weight
+    cdef const unsigned short[::1] flat
+    cdef uint64_t seeds[8]
+    cdef Py_ssize_t depth
+    cdef uint64_t mask
+    cdef Py_ssize_t width
+    cdef unsigned short threshold
+    cdef object index
+    cdef set baseline
+    cdef const uint64_t[::1] corpus
+
+    def __init__(self, hasher, sketch, index, set baseline, corpus, int threshold,
+                 unit_batch, specific_number, int word_weight):
+        self.cache = hasher._cache
+        self.unit = hasher.unit
+        self.k = hasher.k
+        self.flat = sketch._flat
+        self.depth = len(sketch._seed_ints)
+        if self.depth > 8 or self.depth * sketch._width > self.flat.shape[0]:
+            raise ValueError("DeltaScanner: the sketch's seeds do not fit its counters")
+        for r in range(self.depth):
+            self.seeds[r] = <uint64_t>sketch._seed_ints[r]
+        self.mask, self.width = sketch._mask_int, sketch._width
+        self.threshold = min(threshold, 65535)
+        self.index = index
+        self.baseline = baseline
+        self.corpus = corpus
+        self.unit_batch, self.specific_number = unit_batch, specific_number
+        self.word_weight = word_weight
+
+    def scan(self, response, state, str delta):
+        if not delta:
+            return None
+        cdef list texts, starts, ends, weights
+        cdef object tokenizer = state.tokenizer
+        cdef str text = tokenizer._pending + delta
+        cdef Py_ssize_t base = tokenizer._pending_at
+        cdef Py_ssize_t consumed = tokenizer._consumed + len(delta)
+        cdef bint ascii = PyUnicode_IS_ASCII(text)
+        if ascii:
+            texts, starts, ends = [], [], []
+            append_ascii_units(text, base, texts, starts, ends)
+        else:
+            batch = self.unit_batch(text, base)
+            texts, starts, ends, weights = batch.texts, batch.starts, batch.ends, batch.weights
+        cdef Py_ssize_t n = len(texts)
+        tokenizer._consumed = consumed
+        if n and ends[n - 1] == consumed and (ascii or weights[n - 1] == self.word_weight):
+            # The last word touches the end of the stream so far: it may continue.
+            start = starts.pop()
+            texts.pop()
+            ends.pop()
+            if not ascii:
+                weights.pop()
+            tokenizer._pending = text[start - base:]
+            tokenizer._pending_at = start
+            n -= 1
+        else:
+            tokenizer._pending, tokenizer._pending_at = "", consumed
+        if not n:
+            return None
+        cdef list hashes = state.hashes, numbers = state.numbers
+        cdef list cumulative = state.cumulative
+        cdef list state_weights = state.weights
+        cdef Py_ssize_t before = len(hashes), i
+        cdef long total = cumulative[len(cumulative) - 1], weight = self.word_weight
+        cdef str unit
+        for i in range(n):
+            unit = texts[i]
+            h = self.cache.get(unit)
+            hashes.append(self.unit(unit) if h is None else h)
+            numbers.append(
+                True
+                if Py_UNICODE_ISDIGIT(PyUnicode_READ_CHAR(unit, 0)) and self.specific_number(unit)
+                else False
+            )
+            if not ascii:
+                weight = weights[i]
+            state_weights.append(weight)
+            total += weight
+            cumulative.append(total)
+        state.starts.extend(starts)
+        state.ends.extend(ends)
+        cdef Py_ssize_t first = before - self.k + 1
+        if first < 0:
+            first = 0
+        cdef list fps = kgrams_from(hashes, first, self.k)
+        if not fps:
+            return None
+        return self._classify(response, state, first, fps)
+
+    cdef object _classify(self, response, state, Py_ssize_t first, list fps):
+        """The fast path of the classification, or ``(first, fps)`` when a k-gram has an
+        owner (the same order of lookups as ``FingerprintIndex.lookup``)."""
+        cdef dict hot = self.index._hot
+        cdef FrozenGenerations frozen = self.index.frozen()
+        cdef uint64_t fp
+        for item in fps:
+            if item in hot or (frozen is not None and frozen.holds(<uint64_t>item)):
+                return first, fps
+        cdef list to_count = response._to_count, to_index = []
+        cdef Py_ssize_t corpus_size = self.corpus.shape[0], at
+        cdef long private = 0
+        for item in fps:
+            fp = <uint64_t>item
+            if sketch_min(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
+                          fp) >= self.threshold:
+                continue  # common text: neither private nor to be counted again
+            to_count.append(item)
+            if self.baseline and item in self.baseline:
+                continue
+            if corpus_size:
+                at = lower_bound(&self.corpus[0], corpus_size, fp)
+                if at < corpus_size and self.corpus[at] == fp:
+                    continue
+            to_index.append(item)
+            private += 1
+        state.private_kgrams += private
+        if to_index:
+            self.index.add_many(to_index, (response.slot << 1) | 1, response._now)
+        return None
 
 
 # --- records of the window, out of the garbage collector's sight --------------------------

@@ -31,6 +31,7 @@ from itertools import accumulate, islice
 
 import numpy as np
 
+from proxy.engine import _core
 from proxy.engine._core import EntityOwner, RequestRecord
 from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
@@ -44,7 +45,7 @@ from proxy.engine.entities import (
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
-from proxy.engine.tokens import StreamTokenizer, UnitBatch, unit_texts
+from proxy.engine.tokens import WORD_WEIGHT, StreamTokenizer, UnitBatch, unit_batch, unit_texts
 
 #: Fingerprints of a prompt classified per step of ``Engine.observe_prompt_steps``.
 OBSERVE_STEP = 128
@@ -175,6 +176,7 @@ class Engine:
             self.hasher.units([n for n in numbers if not is_specific_number(n)])
         )
         self._baseline_entities: set[str] = set()
+        self._delta_scanner: _core.DeltaScanner | None = None
         self._requests: dict[int, RequestRecord] = {}  # untracked by the GC
         self._order: deque[int] = deque()  # slots by time, for expiry
         self._next_slot = 1
@@ -212,8 +214,28 @@ class Engine:
         BaselineError when it was made with another key or shingle size."""
         baseline.check(self.hasher)
         self.baseline_sorted = np.union1d(self.baseline_sorted, baseline.kgrams)
+        self._delta_scanner = None  # it reads the corpus in place
         self.vocabulary.add_plain(baseline.units.tolist())
         self._baseline_entities.update(baseline.entities)
+
+    def delta_scanner(self) -> _core.DeltaScanner:
+        """The compiled per-delta step over this engine's tables (built on first use,
+        and again after the baseline corpus changes)."""
+        if self._delta_scanner is None:
+            # The compiled step indexes every private k-gram: winnowing needs the Python.
+            fused = self.config.winnow_window <= 1
+            self._delta_scanner = (_core.DeltaScanner if fused else PythonDeltaScanner)(
+                self.hasher,
+                self.sketch,
+                self.index,
+                self.baseline,
+                self.baseline_sorted,
+                self.config.common_tenants,
+                unit_batch,
+                is_specific_number,
+                WORD_WEIGHT,
+            )
+        return self._delta_scanner
 
     def entity_id(self, folded: str) -> str:
         """An entity's id: the keyed hash of its folded text (also its evidence)."""
@@ -512,6 +534,23 @@ class Engine:
         return self.index.nbytes + self.sketch.nbytes + self.pairs.nbytes
 
 
+class PythonDeltaScanner:
+    """``_core.DeltaScanner``'s Python counterpart: the tokenizer's step and the new
+    units' k-grams, leaving every classification to ``ResponseScan._scan_kgrams``. The
+    engine runs it when it winnows; ``tests/test_core_parity.py`` holds the compiled
+    step to it. Takes the compiled one's arguments and needs none of them."""
+
+    def __init__(self, *_tables: object) -> None:
+        pass
+
+    def scan(
+        self, response: ResponseScan, state: _ChoiceState, delta: str
+    ) -> tuple[int, list[int]] | None:
+        batch = state.tokenizer.feed(delta)
+        # A delta that only continues a word completes no unit: nothing to scan or learn.
+        return response.add_batch(state, batch) if batch.texts else None
+
+
 class ResponseScan:
     """Scans one response, delta by delta, per choice. Also records the response's
     own output as a source for later responses (outputs leak as well as prompts)."""
@@ -543,9 +582,9 @@ class ResponseScan:
         if now is not None:
             self._now = now
         state = self._state(choice)
-        batch = state.tokenizer.feed(delta)
-        # A delta that only continues a word completes no unit: nothing to scan or learn.
-        found = self._scan_batch(state, choice, batch) if batch.texts else []
+        # Compiled: most deltas need nothing more than this step (``DeltaScanner``).
+        step = self.engine.delta_scanner().scan(self, state, delta)
+        found = self._scan_kgrams(state, choice, *step) if step is not None else []
         if state.entities is not None:
             self.engine.entities.maybe_rebuild()
             matches = state.entities.feed(delta)
@@ -695,12 +734,19 @@ class ResponseScan:
     ) -> list[Finding]:
         """Scan units the tokenizer completed (``_scan_units`` takes keyed columns: the
         live scan's and a replayed record's)."""
+        first, fps = self.add_batch(state, batch)
+        return self._scan_kgrams(state, choice, first, fps, final=final)
+
+    def add_batch(self, state: _ChoiceState, batch: UnitBatch) -> tuple[int, list[int]]:
+        """Append the units the tokenizer completed to the choice's columns (keyed:
+        their hashes, and which are specific numbers); the index of the first k-gram
+        they complete, and those k-grams."""
         texts = batch.texts
         numbers = [t[0].isdigit() and is_specific_number(t) for t in texts]
         hashes = self.engine.hasher.units(texts)
-        return self._scan_units(
-            state, choice, hashes, numbers, batch.starts, batch.ends, batch.weights, final=final
-        )
+        k = self.engine.hasher.k
+        first, window = state.add_units(hashes, numbers, batch.starts, batch.ends, batch.weights, k)
+        return first, self.engine.hasher.kgrams_of_hashes(window)
 
     def _scan_units(
         self,
@@ -714,9 +760,18 @@ class ResponseScan:
         *,
         final: bool = False,
     ) -> list[Finding]:
+        first, window = state.add_units(
+            hashes, numbers, starts, ends, weights, self.engine.hasher.k
+        )
+        fps = self.engine.hasher.kgrams_of_hashes(window)
+        return self._scan_kgrams(state, choice, first, fps, final=final)
+
+    def _scan_kgrams(
+        self, state: _ChoiceState, choice: int, first: int, fps: list[int], *, final: bool = False
+    ) -> list[Finding]:
+        """Classify and match the k-grams the newest units completed (the first at unit
+        ``first``), then learn from them: the fragment scan proper."""
         engine = self.engine
-        first, window = state.add_units(hashes, numbers, starts, ends, weights, engine.hasher.k)
-        fps = engine.hasher.kgrams_of_hashes(window)
         new = list(enumerate(fps, first))
         winnower = state.winnower
         selected = new if winnower.w <= 1 else [s for i, fp in new if (s := winnower.push(i, fp))]

@@ -138,13 +138,20 @@ class FingerprintIndex:
         for i in compress(range(len(fingerprints)), map(hot.__contains__, fingerprints)):
             v = hot[fingerprints[i]]
             result[i] = (v,) if isinstance(v, int) else tuple(v)
-        if not self._generations or not fingerprints:
+        frozen = self.frozen()
+        if frozen is None or not fingerprints:
             return result
-        if self._frozen is None:  # compiled; reference.frozen_values is the Python it replaced
+        fps = fingerprints if isinstance(fingerprints, list) else list(fingerprints)
+        return frozen.values_into(fps, result)
+
+    def frozen(self) -> _core.FrozenGenerations | None:
+        """The frozen generations, read in place (None while there are none); built
+        again after they change. Compiled: reference.frozen_values is the Python it
+        replaced."""
+        if self._frozen is None and self._generations:
             columns = [g.columns for g in self._generations]
             self._frozen = _core.FrozenGenerations(columns, self._any, 64 - _ANY_BITS)
-        fps = fingerprints if isinstance(fingerprints, list) else list(fingerprints)
-        return self._frozen.values_into(fps, result)
+        return self._frozen
 
     def __getstate__(self) -> dict:
         return {**{s: getattr(self, s) for s in self.__dict__}, "_frozen": None}
