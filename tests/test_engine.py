@@ -1038,6 +1038,29 @@ def test_index_lookup_paths_agree():
     assert all(batched[i] for i in range(len(stored[::13])))
 
 
+def test_the_hot_generation_is_out_of_the_collector_s_sight():
+    """A full collection walks every tracked container's entries: the hot generation
+    (up to 65,536 keys) holds only ints in its main dict, so it is never tracked; keys
+    with several values keep them in a small dict of tuples, which the collector
+    untracks once it has seen them."""
+    import gc
+
+    from proxy.engine.index import FingerprintIndex
+
+    index = FingerprintIndex(freeze_size=100_000, max_values_per_key=3)
+    index.add_many(list(range(1, 5000)), 7, 1.0)  # the bulk path
+    for fp in range(1, 5000, 10):  # the loop, and keys with several values
+        index.add_many([fp, fp + 1], 8, 2.0)
+        index.add_many([fp], 9, 3.0)
+        index.add_many([fp], 10, 4.0)
+    assert not gc.is_tracked(index._hot)
+    gc.collect()
+    assert not any(gc.is_tracked(v) for v in index._hot_more.values())
+    # 11's fourth value pushed out its oldest (7); 12 took 8 as a neighbour; 13 only 7.
+    assert index.lookup([11, 12, 13, 5000]) == [(8, 9, 10), (7, 8), (7,), ()]
+    assert len(index) == 4999 + 500 * 3
+
+
 def test_pair_filter_and_sketch_give_the_same_answers_by_numpy_and_by_python():
     """Deltas take the unrolled Python paths, whole texts the numpy ones: both must
     record and count alike (same bits set, same counts)."""

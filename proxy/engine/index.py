@@ -68,8 +68,11 @@ class FingerprintIndex:
         self.max_generations = max_generations
         self.max_fingerprints = max_fingerprints
         self.max_values_per_key = max_values_per_key
-        self._hot: dict[int, int | list[int]] = {}
-        self._hot_lists: set[int] = set()  # keys of the hot dict whose value is a list
+        # The hot generation: a key's first value, and, for the keys with several, all
+        # of them. Only ints in the first dict, so the garbage collector never tracks
+        # it: a full collection of the detector walked its 100,000 entries (issue 16).
+        self._hot: dict[int, int] = {}
+        self._hot_more: dict[int, tuple[int, ...]] = {}
         self._hot_count = 0
         self._hot_newest = 0.0
         self._generations: list[_Generation] = []  # oldest first
@@ -107,37 +110,38 @@ class FingerprintIndex:
                 self._hot_newest = now
                 given -= fresh
             fingerprints = given
+        more = self._hot_more
         for fp in fingerprints:
             current = hot.get(fp)
             if current is None:
                 hot[fp] = value
-            elif isinstance(current, int):
+            elif (values := more.get(fp)) is None:
                 if current == value:
                     continue
-                hot[fp] = [current, value]
-                self._hot_lists.add(fp)
+                more[fp] = (current, value)
             else:
-                if value in current:
+                if value in values:
                     continue
-                current.append(value)
-                if len(current) > cap:
-                    del current[0]
+                values += (value,)
+                if len(values) > cap:
+                    values = values[1:]  # the oldest goes
                     self._hot_count -= 1
+                more[fp] = values
             self._hot_count += 1
             self._hot_newest = now
             if self._hot_count >= self.freeze_size:
                 self._freeze()
-                hot = self._hot  # the hot generation starts afresh
+                hot, more = self._hot, self._hot_more  # the hot generation starts afresh
 
     def lookup(self, fingerprints: Sequence[int]) -> list[tuple[int, ...]]:
         """Values for each fingerprint, in order (empty tuple when unknown): the hot
         generation's first, then each frozen one's, oldest first."""
         result: list[tuple[int, ...]] = [_EMPTY] * len(fingerprints)
-        hot = self._hot
+        hot, more = self._hot, self._hot_more
         # Membership in C first: most fingerprints of a scan are not in the hot dict.
         for i in compress(range(len(fingerprints)), map(hot.__contains__, fingerprints)):
-            v = hot[fingerprints[i]]
-            result[i] = (v,) if isinstance(v, int) else tuple(v)
+            fp = fingerprints[i]
+            result[i] = more.get(fp) or (hot[fp],)
         frozen = self.frozen()
         if frozen is None or not fingerprints:
             return result
@@ -166,7 +170,7 @@ class FingerprintIndex:
         if self._hot and self._hot_newest < older_than:
             dropped += self._hot_count
             self._hot.clear()
-            self._hot_lists.clear()
+            self._hot_more.clear()
             self._hot_count = 0
         self.evicted += dropped
         return dropped
@@ -175,8 +179,7 @@ class FingerprintIndex:
         """The hot dict becomes a sorted generation, read in C (``fromiter``; a loop
         over the dict took 10-20 ms). Its keys are unique, so any sort will do; a key
         with several values gets its others inserted after its first, in order."""
-        hot = self._hot
-        lists = {fp: hot[fp] for fp in self._hot_lists}
+        hot, lists = self._hot, self._hot_more
         for fp, vs in lists.items():
             hot[fp] = vs[0]
         keys = np.fromiter(hot.keys(), dtype=np.uint64, count=len(hot))
@@ -190,7 +193,7 @@ class FingerprintIndex:
             values = np.insert(values, at, [v for vs in lists.values() for v in vs[1:]])
         self._generations.append(_Generation(keys, values, self._hot_newest))
         self._hot = {}
-        self._hot_lists = set()
+        self._hot_more = {}
         self._hot_count = 0
         self._mark_any(self._generations[-1].keys)
         self._compact()
