@@ -581,17 +581,20 @@ class ResponseScan:
         """Scan one output delta; returns the findings it completed."""
         if now is not None:
             self._now = now
-        state = self._state(choice)
+        engine = self.engine
+        state = self._choices.get(choice) or self._state(choice)
         # Compiled: most deltas need nothing more than this step (``DeltaScanner``).
-        step = self.engine.delta_scanner().scan(self, state, delta)
+        scanner = engine._delta_scanner or engine.delta_scanner()
+        step = scanner.scan(self, state, delta)
         found = self._scan_kgrams(state, choice, *step) if step is not None else []
         if state.entities is not None:
-            self.engine.entities.maybe_rebuild()
-            matches = state.entities.feed(delta)
-            state.matches.extend((*m, len(state.batches)) for m in matches)
-            found += self._entity_findings(choice, matches)
+            if engine.entities.pending:
+                engine.entities.maybe_rebuild()
+            if matches := state.entities.feed(delta):  # most deltas meet no entity
+                state.matches.extend((*m, len(state.batches)) for m in matches)
+                found += self._entity_findings(choice, matches)
         state.batches.append(len(state.hashes))
-        state.seqs.append(self.engine.tick())
+        state.seqs.append(engine.tick())
         return found
 
     def finish(self, now: float | None = None) -> list[Finding]:

@@ -410,21 +410,23 @@ class EntityScanner:
                 it.set(delta, False)
         for it, origin in self._iterators:
             # A continued iterator counts positions over all the input it was given.
-            candidates.extend(
-                (origin + end + 1, entity_id, text)
-                for end, (entity_id, text) in it
-                if origin + end + 1 > base
-            )
+            for end, (entity_id, text) in it:
+                if origin + end + 1 > base:
+                    candidates.append((origin + end + 1, entity_id, text))
         window = self._tail + delta
-        window_base = base - len(self._tail)
-        for entity_id, key in self._index.pending:
-            start = window.find(key)
-            while start != -1:
-                end = window_base + start + len(key)
-                if end > base:
-                    candidates.append((end, entity_id, key))
-                start = window.find(key, start + 1)
-        self._tail = window[-(self._index.longest - 1) :] if self._index.longest > 1 else ""
+        if pending := self._index.pending:
+            window_base = base - len(self._tail)
+            for entity_id, key in pending:
+                start = window.find(key)
+                while start != -1:
+                    end = window_base + start + len(key)
+                    if end > base:
+                        candidates.append((end, entity_id, key))
+                    start = window.find(key, start + 1)
+        longest = self._index.longest
+        self._tail = window[-(longest - 1) :] if longest > 1 else ""
+        if not candidates and not self._undecided:
+            return []  # most deltas: nothing to confirm
         return self._confirm(candidates, final=False)
 
     def finish(self) -> list[tuple[int, int, str]]:
