@@ -228,6 +228,17 @@ class Redis:
             self.proc.wait(30)
 
 
+def census_env(directory: str | None) -> dict[str, str] | None:
+    """The proxy's environment with ``bench/gc_census`` loaded into its detector
+    process (None: the inherited one)."""
+    if directory is None:
+        return None
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    census = str(Path(__file__).resolve().parent / "gc_census")
+    path = os.pathsep.join(p for p in (census, os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "CROSSTALK_GC_CENSUS": str(Path(directory).resolve())}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=60.0)
@@ -241,6 +252,11 @@ def main() -> int:
         help=f"detection.max_rare_words (default {RARE_WORDS:,}: full within the hour)",
     )
     p.add_argument("--json", help="write the figures here")
+    p.add_argument(
+        "--gc-census",
+        metavar="DIR",
+        help="write a census of the detector's garbage collector here (bench/gc_census)",
+    )
     args = p.parse_args()
     seconds = 180.0 if args.quick else args.minutes * 60
     work = Path(tempfile.mkdtemp(prefix="crosstalk-soak-"))
@@ -272,6 +288,7 @@ def main() -> int:
          "--listen-port", str(port), "--config", str(cfg), "--log-file", str(log),
          "--capture", str(capture), *index],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=(work / "proxy.stderr").open("wb"),
+        env=census_env(args.gc_census),
     )  # fmt: skip
     answered: set[str] = set()
     failures = 0

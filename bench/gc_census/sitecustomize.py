@@ -1,0 +1,136 @@
+"""A census of the garbage collector inside crosstalk's detector process, for
+``bench/soak.py --gc-census DIR`` (which puts this directory on the proxy's
+``PYTHONPATH``). Not part of crosstalk: a diagnostic that says what a collection walks.
+
+Active only in a detector process (``proxy.mitm.detector_worker``) and only while
+``CROSSTALK_GC_CENSUS`` names a directory; writes ``census-<pid>.txt`` there:
+
+* every ``CENSUS_SECONDS``: the tracked objects (frozen start-up heap excluded), their
+  referents by type, the containers with the most referents; then a full collection
+  (its wall and CPU time, the unreachable objects it found, by type) and a second one
+  straight after, which shows what walking alone costs;
+* every young or middle collection that took more than ``SLOW_CPU_SECONDS`` of CPU or
+  ``SLOW_WALL_SECONDS`` on the wall clock, with what its generations held (counting
+  them costs time before the collection, not in it).
+
+Holds no text: type names and counts only.
+"""
+
+import os
+import sys
+
+CENSUS_SECONDS = 20.0
+SLOW_CPU_SECONDS = 0.001
+SLOW_WALL_SECONDS = 0.003
+BIG_REFERENTS = 500
+
+
+def _type_name(obj: object) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _describe(obj: object) -> str:
+    """A container's type and the type of its first item (and value, for a dict)."""
+    name = _type_name(obj)
+    if isinstance(obj, dict) and obj:
+        key = next(iter(obj))
+        return f"{name}[{type(key).__name__}: {type(obj[key]).__name__}]"
+    if isinstance(obj, (list, tuple, set, frozenset)) and obj:
+        return f"{name}[{type(next(iter(obj))).__name__}]"
+    return name
+
+
+def _biggest(objects: list, n: int) -> list[tuple[int, str]]:
+    import gc
+
+    sizes = []
+    for obj in objects:
+        if obj is objects:
+            continue  # gc.get_objects() returns a list tracked in the youngest generation
+        count = len(gc.get_referents(obj))
+        if count > BIG_REFERENTS:
+            sizes.append((count, _describe(obj)))
+    return sorted(sizes, reverse=True)[:n]
+
+
+def _start(directory: str) -> None:
+    import collections
+    import gc
+    import threading
+    import time
+
+    out = open(os.path.join(directory, f"census-{os.getpid()}.txt"), "a")  # noqa: SIM115
+    slow: dict[str, object] = {}
+
+    def on_collection(phase: str, info: dict) -> None:
+        generation = info.get("generation", 2)
+        if generation == 2:
+            return
+        if phase == "start":
+            young = gc.get_objects(generation=0)
+            for older in range(1, generation + 1):
+                young += gc.get_objects(generation=older)
+            refs = sum(len(gc.get_referents(o)) for o in young if o is not young)
+            slow.update(refs=refs, objects=len(young), big=_biggest(young, 5))
+            del young
+            slow.update(wall=time.perf_counter(), cpu=time.thread_time())
+            return
+        cpu = time.thread_time() - slow.get("cpu", 0.0)
+        wall = time.perf_counter() - slow.get("wall", 0.0)
+        if cpu > SLOW_CPU_SECONDS or wall > SLOW_WALL_SECONDS:
+            print(
+                f"slow gen{generation} wall={wall * 1e3:.2f}ms cpu={cpu * 1e3:.2f}ms "
+                f"collected={info.get('collected')} objects={slow.get('objects')} "
+                f"refs={slow.get('refs')} big={slow.get('big')}",
+                file=out,
+                flush=True,
+            )
+
+    def census() -> None:
+        for round_ in range(10_000):
+            time.sleep(CENSUS_SECONDS)
+            objects = gc.get_objects()
+            by_type: collections.Counter[str] = collections.Counter()
+            refs_by_type: collections.Counter[str] = collections.Counter()
+            for obj in objects:
+                if obj is objects:
+                    continue
+                name = _type_name(obj)
+                by_type[name] += 1
+                refs_by_type[name] += len(gc.get_referents(obj))
+            big = _biggest(objects, 8)
+            del objects
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            unreachable = gc.collect()
+            wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            gc.set_debug(0)
+            garbage = collections.Counter(_type_name(o) for o in gc.garbage)
+            gc.garbage.clear()
+            gc.collect()  # frees what DEBUG_SAVEALL kept
+            again = time.perf_counter()
+            gc.collect()
+            again = time.perf_counter() - again
+            print(
+                f"round {round_} objects={sum(by_type.values())} "
+                f"refs={sum(refs_by_type.values())} full={wall * 1e3:.2f}ms "
+                f"cpu={cpu * 1e3:.2f}ms unreachable={unreachable} next={again * 1e3:.2f}ms",
+                file=out,
+            )
+            for name, refs in refs_by_type.most_common(10):
+                print(f"  type {name}: objects={by_type[name]} referents={refs}", file=out)
+            for refs, name in big:
+                print(f"  big {name}: referents={refs}", file=out)
+            for name, count in garbage.most_common(10):
+                print(f"  garbage {name}: {count}", file=out)
+            out.flush()
+
+    gc.callbacks.insert(0, on_collection)
+    threading.Thread(target=census, name="gc-census", daemon=True).start()
+
+
+if (directory := os.environ.get("CROSSTALK_GC_CENSUS")) and any(
+    "detector_worker" in arg for arg in getattr(sys, "orig_argv", ())
+):
+    _start(directory)
