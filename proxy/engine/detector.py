@@ -747,9 +747,21 @@ class ResponseScan:
         texts = batch.texts
         numbers = [t[0].isdigit() and is_specific_number(t) for t in texts]
         hashes = self.engine.hasher.units(texts)
-        k = self.engine.hasher.k
-        first, window = state.add_units(hashes, numbers, batch.starts, batch.ends, batch.weights, k)
-        return first, self.engine.hasher.kgrams_of_hashes(window)
+        return self._add_units(state, hashes, numbers, batch.starts, batch.ends, batch.weights)
+
+    def _add_units(
+        self,
+        state: _ChoiceState,
+        hashes: list[int],
+        numbers: list[bool],
+        starts: list[int],
+        ends: list[int],
+        weights: list[int],
+    ) -> tuple[int, list[int]]:
+        """``_ChoiceState.add_units``, then the k-grams the new units complete."""
+        hasher = self.engine.hasher
+        first, window = state.add_units(hashes, numbers, starts, ends, weights, hasher.k)
+        return first, hasher.kgrams_of_hashes(window)
 
     def _scan_units(
         self,
@@ -763,10 +775,7 @@ class ResponseScan:
         *,
         final: bool = False,
     ) -> list[Finding]:
-        first, window = state.add_units(
-            hashes, numbers, starts, ends, weights, self.engine.hasher.k
-        )
-        fps = self.engine.hasher.kgrams_of_hashes(window)
+        first, fps = self._add_units(state, hashes, numbers, starts, ends, weights)
         return self._scan_kgrams(state, choice, first, fps, final=final)
 
     def _scan_kgrams(
