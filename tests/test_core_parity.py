@@ -238,6 +238,29 @@ def test_sketch_counts_are_the_reference_ones(seed, size):
     assert max(compiled) > 0
 
 
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 60), st.booleans())
+def test_sketch_increment_is_the_reference_one(seed, size, together):
+    """The same counters after each batch, one use after another or a batch whose cells
+    are read before they are written, on a sketch so narrow that fingerprints share
+    cells, with fingerprints given twice and counters at the ceiling."""
+    rng = random.Random(seed)
+    sketch = CommonnessSketch(width_bits=5)
+    sketch.counts_array[:, : rng.randrange(33)] = 65534
+    expected = sketch.counts_array.copy()
+    for _ in range(4):
+        fps = [rng.getrandbits(64) for _ in range(size)]
+        fps += rng.sample(fps, size // 3)
+        _core.sketch_increment(
+            sketch._flat, tuple(sketch._seed_ints), sketch._mask_int, sketch._width, fps, together
+        )
+        reference.sketch_increment(
+            expected, tuple(sketch._seed_ints), sketch._mask_int, fps, together
+        )
+        assert (sketch.counts_array == expected).all()
+    assert expected.max() == 65535 or sketch.counts_array.sum() > 0
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 400), st.sampled_from([10, 16, 25]))
 def test_pair_filter_is_the_reference_one(seed, size, bits):

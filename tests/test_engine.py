@@ -1385,3 +1385,23 @@ def test_a_small_number_in_the_source_prompt_does_not_tie_the_models_code_to_it(
     pieces[-1] = pieces[-1][:-1]
     assert exchange(engine, victim.tenant, "v", victim.prompt_text(), answer, T0 + 1,
                     pieces=pieces) == []  # fmt: skip
+
+
+# -- ordering of concurrent scans ------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30)), max_size=300))
+def test_the_low_water_is_the_oldest_open_scan_s_prompt(steps: list[tuple[bool, int]]) -> None:
+    """Whatever order scans open and finish in (the heap behind ``low_water`` is rebuilt
+    when finished entries pile up), the low water is the sequence number of the oldest
+    prompt whose scan is still open, or one past the newest number when none is."""
+    engine = Engine(EngineConfig(key=KEY))
+    open_scans: list = []
+    for i, (opens, pick) in enumerate(steps):
+        if opens or not open_scans:
+            open_scans.append(engine.observe_prompt("t", f"r{i}", "a prompt", now=T0))
+        else:
+            open_scans.pop(pick % len(open_scans)).finish(now=T0)
+        expected = min((s.prompt.seq for s in open_scans), default=engine.sequence + 1)
+        assert engine.low_water() == expected

@@ -126,6 +126,46 @@ cdef inline unsigned short sketch_min(const unsigned short* flat, const uint64_t
     return low
 
 
+def sketch_increment(unsigned short[::1] flat, tuple seeds, uint64_t mask,
+                     Py_ssize_t width, list fingerprints, bint together):
+    """``CommonnessSketch.increment``'s loop: one more use in every cell of each
+    fingerprint (``sketch_counts``'s cells), saturating at 65535. ``together``: every
+    cell is read before any is written, so a cell that several of the fingerprints share
+    counts one use (the numpy update of the batch path, ``reference.sketch_increment``);
+    otherwise one fingerprint after another, each use counted."""
+    cdef Py_ssize_t depth = len(seeds), n = len(fingerprints), r, i
+    if depth > 8 or depth * width > flat.shape[0]:
+        raise ValueError("sketch_increment: seeds do not fit the counters")
+    cdef uint64_t s[8]
+    for r in range(depth):
+        s[r] = <uint64_t>seeds[r]
+    cdef Py_ssize_t* cells = <Py_ssize_t*>malloc(max(n * depth, 1) * sizeof(Py_ssize_t))
+    cdef unsigned short* counts = <unsigned short*>malloc(max(n * depth, 1) * sizeof(unsigned short))
+    if not cells or not counts:
+        free(cells)
+        free(counts)
+        raise MemoryError()
+    cdef uint64_t fp
+    cdef Py_ssize_t cell
+    try:
+        for i in range(n):
+            fp = <uint64_t>fingerprints[i]
+            for r in range(depth):
+                cell = r * width + <Py_ssize_t>((((fp ^ s[r]) * 0xFF51AFD7ED558CCDULL) >> 29) & mask)
+                if together:
+                    cells[i * depth + r] = cell
+                    counts[i * depth + r] = flat[cell]
+                elif flat[cell] < 65535:
+                    flat[cell] += 1
+        if together:
+            for i in range(n * depth):
+                if counts[i] < 65535:
+                    flat[cells[i]] = counts[i] + 1
+    finally:
+        free(cells)
+        free(counts)
+
+
 cdef uint64_t PAIR_STEP = 0xC2B2AE3D27D4EB4FULL
 cdef uint64_t PAIR_MULTIPLIER = 0x9E3779B97F4A7C15ULL
 

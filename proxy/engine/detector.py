@@ -22,6 +22,7 @@ the benchmarks all drive this same API.
 from __future__ import annotations
 
 import hashlib
+import heapq
 import os
 import time
 from collections import Counter, deque
@@ -186,6 +187,10 @@ class Engine:
         #: last one (a journal spans restarts).
         self.sequence = time.time_ns() // 1000
         self._in_flight: dict[int, int] = {}  # slot -> sequence number of its prompt
+        # (seq, slot) of the in-flight scans, a heap: the low water without a scan
+        # of every scan still open (a request that never finishes stays until its
+        # window ends, and each prompt asks). Finished ones leave it lazily.
+        self._in_flight_heap: list[tuple[int, int]] = []
         #: Requests this engine learned from (loaded state included): how much it knows
         #: about what is common. A policy can wait for enough before blocking.
         self.observed_requests = 0
@@ -247,7 +252,20 @@ class Engine:
 
     def low_water(self) -> int:
         """Every sequence number below this belongs to a finished scan or a prompt."""
-        return min(self._in_flight.values(), default=self.sequence + 1)
+        heap, in_flight = self._in_flight_heap, self._in_flight
+        while heap and in_flight.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # finished or swept
+        return heap[0][0] if heap else self.sequence + 1
+
+    def _open_scan(self, slot: int, seq: int) -> None:
+        """``slot``'s scan is open since its prompt's ``seq`` (``low_water``)."""
+        self._in_flight[slot] = seq
+        heap = self._in_flight_heap
+        if len(heap) > 2 * len(self._in_flight) + 64:  # mostly finished entries: rebuild
+            heap[:] = [(s, k) for k, s in self._in_flight.items()]
+            heapq.heapify(heap)
+        else:
+            heapq.heappush(heap, (seq, slot))
 
     def register_canary(self, tenant: str, canary: str) -> CanaryRecord:
         """A string only ``tenant`` uses; seen anywhere else it is a certain leak."""
@@ -322,7 +340,7 @@ class Engine:
         )
         yield
         scan = yield from self._observe(record, hashes, model_hashes, texts)
-        self._in_flight[scan.slot] = seq
+        self._open_scan(scan.slot, seq)
         return scan
 
     def ingest_prompt(self, record: PromptRecord) -> ResponseScan:

@@ -22,7 +22,7 @@ import numpy as np
 from proxy.engine import _core
 
 _EMPTY: tuple[int, ...] = ()
-_SCALAR_BATCH = 8  # below this many fingerprints, Python beats numpy's call overhead
+_SCALAR_BATCH = 8  # up to this many fingerprints, the sketch counts each use (see increment)
 _ANY_BITS = 24  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
 _BULK_ADD = 16  # from this many fingerprints, add_many starts with set operations
 
@@ -246,19 +246,16 @@ class CommonnessSketch:
         dtype=np.uint64,
     )
 
-    DEPTH = 4  # rows; the scalar path below is unrolled for four
+    DEPTH = 4  # rows
 
     def __init__(self, *, width_bits: int = 21, half_life: float = 3600.0):
         depth = self.DEPTH
-        self._mask = np.uint64((1 << width_bits) - 1)
         self._mask_int = (1 << width_bits) - 1
         self._width = 1 << width_bits
         self._counts = np.zeros((depth, 1 << width_bits), dtype=np.uint16)
         # Python-level view of the same memory: scalar reads without numpy overhead.
         self._flat = memoryview(self._counts).cast("B").cast("H")
         self._seed_ints = [int(s) for s in self._SEEDS[:depth]]
-        self._rows = np.arange(depth)[:, None]
-        self._seeds = self._SEEDS[:depth, None]
         self.half_life = half_life
         self._last_decay: float | None = None
 
@@ -284,14 +281,9 @@ class CommonnessSketch:
             raise ValueError(f"sketch shape {counts.shape} != {self._counts.shape}")
         np.maximum(self._counts, counts, out=self._counts)  # in place: _flat stays valid
 
-    def _slots(self, fingerprints: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):
-            mixed = (fingerprints[None, :] ^ self._seeds) * np.uint64(0xFF51AFD7ED558CCD)
-        return ((mixed >> np.uint64(29)) & self._mask).astype(np.intp)
-
     def counts(self, fingerprints: Sequence[int]) -> list[int]:
-        """Estimated distinct-tenant count of each fingerprint (compiled: the cells are
-        ``_cells``'s, ``reference.sketch_counts`` is the Python it replaced)."""
+        """Estimated distinct-tenant count of each fingerprint (compiled:
+        ``reference.sketch_counts`` is the Python it replaced)."""
         return _core.sketch_counts(
             self._flat,
             tuple(self._seed_ints),
@@ -301,31 +293,20 @@ class CommonnessSketch:
         )
 
     def increment(self, fingerprints: Sequence[int], now: float) -> None:
+        """One more tenant for each fingerprint (compiled: ``reference.sketch_increment``
+        is the Python it replaced). Up to ``_SCALAR_BATCH`` of them count one after
+        another; a larger batch reads its cells before it writes them, so a cell two of
+        its fingerprints share counts once."""
         self._decay(now)
         if len(fingerprints) == 0:
             return
-        if len(fingerprints) <= _SCALAR_BATCH:
-            flat, cells = self._flat, self._cells
-            for fp in fingerprints:
-                for i in cells(int(fp)):
-                    if flat[i] < 65535:
-                        flat[i] += 1
-            return
-        slots = self._slots(np.asarray(fingerprints, dtype=np.uint64))
-        current = self._counts[self._rows, slots]
-        self._counts[self._rows, slots] = np.minimum(current.astype(np.uint32) + 1, 65535)
-
-    def _cells(self, fp: int) -> tuple[int, int, int, int]:
-        """Indexes into the flat counters of ``fp``'s four slots: the same slots as
-        ``_slots``, with Python ints (no numpy call). Bits 29-49 of the product do not
-        depend on its bits above 64, so no masking to 64 bits is needed."""
-        s0, s1, s2, s3 = self._seed_ints
-        mask, width, c = self._mask_int, self._width, 0xFF51AFD7ED558CCD
-        return (
-            ((fp ^ s0) * c >> 29) & mask,
-            width + (((fp ^ s1) * c >> 29) & mask),
-            2 * width + (((fp ^ s2) * c >> 29) & mask),
-            3 * width + (((fp ^ s3) * c >> 29) & mask),
+        _core.sketch_increment(
+            self._flat,
+            tuple(self._seed_ints),
+            self._mask_int,
+            self._width,
+            fingerprints if isinstance(fingerprints, list) else list(fingerprints),
+            len(fingerprints) > _SCALAR_BATCH,
         )
 
     def _decay(self, now: float) -> None:

@@ -47,6 +47,25 @@ def sketch_counts(
     ]  # fmt: skip
 
 
+def sketch_increment(
+    counts: np.ndarray, seeds: tuple[int, ...], mask: int, fingerprints: list[int], together: bool
+) -> None:
+    """``_core.sketch_increment`` on the sketch's 2-d counters: the scalar loop (one use
+    after another) or the numpy update (cells read before written) it replaced."""
+    cells = [
+        [(((fp ^ seed) * 0xFF51AFD7ED558CCD) >> 29) & mask for seed in seeds] for fp in fingerprints
+    ]
+    if not together:
+        for row_cells in cells:
+            for r, cell in enumerate(row_cells):
+                counts[r, cell] = min(int(counts[r, cell]) + 1, 65535)
+        return
+    rows = np.arange(len(seeds))[:, None]
+    slots = np.array(cells, dtype=np.intp).T.reshape(len(seeds), -1)
+    current = counts[rows, slots]
+    counts[rows, slots] = np.minimum(current.astype(np.uint32) + 1, 65535)
+
+
 def pair_first_seen(
     current: bytearray, previous: bytearray, tenant_key: int, fingerprints: list[int], shift: int
 ) -> list[int]:
