@@ -439,8 +439,11 @@ cdef class DeltaScanner:
     cdef object _classify(self, response, state, Py_ssize_t first, list fps):
         """The fast path of the classification, or ``(first, fps)`` when a k-gram has an
         owner (the same order of lookups as ``FingerprintIndex.lookup``)."""
-        cdef dict hot = self.index._hot
-        cdef FrozenGenerations frozen = self.index.frozen()
+        index = self.index
+        cdef dict hot = index._hot
+        cdef FrozenGenerations frozen = index._frozen  # a call only after they change
+        if frozen is None:
+            frozen = index.frozen()
         cdef uint64_t fp
         for item in fps:
             if item in hot or (frozen is not None and frozen.holds(<uint64_t>item)):
@@ -464,8 +467,26 @@ cdef class DeltaScanner:
             private += 1
         state.private_kgrams += private
         if to_index:
-            self.index.add_many(to_index, (response.slot << 1) | 1, response._now)
+            self._index_fresh(to_index, (response.slot << 1) | 1, response._now)
         return None
+
+    cdef int _index_fresh(self, list fps, value, now) except -1:
+        """``FingerprintIndex.add_many`` of k-grams no generation holds (``_classify``
+        checked): stored in the hot dict here while that does not fill it, a Python
+        call less on every delta; else by ``add_many``, which freezes the full dict."""
+        index = self.index
+        cdef dict hot = index._hot
+        cdef Py_ssize_t count = index._hot_count
+        if count + len(fps) >= index.freeze_size:
+            index.add_many(fps, value, now)
+            return 0
+        for item in fps:
+            if item not in hot:  # else the same k-gram twice in one delta
+                hot[item] = value
+                count += 1
+        index._hot_count = count
+        index._hot_newest = now
+        return 0
 
 
 # --- records of the window, out of the garbage collector's sight --------------------------
