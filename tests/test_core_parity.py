@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from proxy.engine import _core, reference
 from proxy.engine.detector import PythonDeltaScanner
+from proxy.engine.entities import EntityIndex, EntityScanner
 from proxy.engine.fingerprint import Hasher
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.tokens import StreamTokenizer, unit_batch
@@ -301,3 +302,48 @@ def test_compiled_lookups_refuse_columns_that_do_not_fit():
         frozen.values_into([1, 2], [()])
     with pytest.raises(ValueError, match="do not fit"):
         _core.sketch_counts(memoryview(bytearray(8)).cast("H"), (1, 2, 3, 4), 1023, 1024, [5])
+
+
+ENTITY_TEXTS = [
+    "maria.jensen@kestrel.no",
+    "de89 3704 0044 0532 0130 00",
+    "cus-8591332",
+    "sk-proj-a1b2c3d4e5f6g7h8",
+]
+STREAM_TEXT = st.lists(
+    st.sampled_from(
+        ENTITY_TEXTS
+        + ["MARIA.Jensen@Kestrel.no", " ", ", ", "x", "é", "\U0001f600", "深圳", "word "]
+    ),
+    max_size=30,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    STREAM_TEXT, st.lists(st.integers(0, 12), max_size=20), st.integers(0, 3), st.integers(0, 2**16)
+)
+def test_the_compiled_entity_feed_is_the_reference_one(text, cuts, swap_at, seed):
+    """The same matches after every delta and the same state, for any cut of a stream
+    with entities (upper case, cut mid-entity, next to CJK and astral characters), with
+    keys pending and the automata swapped mid-stream."""
+    rng = random.Random(seed)
+    index = EntityIndex(rebuild_interval=0.0)
+    for i, key in enumerate(ENTITY_TEXTS):
+        index.add(f"id{i}", "entity", "t", 2, 1.0, text=key)
+        if rng.random() < 0.5:
+            index.maybe_rebuild(now=float(i + 2))  # some in the automata, some pending
+    compiled, python = EntityScanner(index), EntityScanner(index)
+    pieces, at = [], 0
+    for size in cuts:
+        pieces.append(text[at : at + size])
+        at += size
+    pieces.append(text[at:])
+    for n, piece in enumerate(pieces):
+        if n == swap_at:
+            index.add("late", "entity", "t", 2, 1.0, text="cus-8591332x")
+            index.maybe_rebuild(now=100.0 + n)
+        assert compiled.feed(piece) == reference.entity_feed(python, piece)
+        for name in ("_text", "_raw", "_length", "_tail", "_undecided", "_seen", "_generation"):
+            assert getattr(compiled, name) == getattr(python, name), name
+    assert compiled.finish() == python.finish()

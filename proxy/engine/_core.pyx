@@ -316,6 +316,46 @@ cdef class FrozenGenerations:
         return result
 
 
+# --- per-stream state the per-delta step reads and writes in place -----------------------
+
+
+cdef class TokenizerState:
+    """``tokens.StreamTokenizer``'s state, as fields the compiled step reads without an
+    attribute lookup: the word held back (it may continue in the next delta), where it
+    starts, and the characters consumed."""
+
+    cdef public str _pending
+    cdef public Py_ssize_t _pending_at
+    cdef public Py_ssize_t _consumed
+
+    def __init__(self):
+        self._pending = ""
+        self._pending_at = 0
+        self._consumed = 0
+
+
+cdef class ChoiceColumns:
+    """The columns of ``detector._ChoiceState`` that every delta appends to (unit hashes,
+    specific numbers, weights, their running sum, offsets), its tokenizer and its count
+    of private k-grams, as fields: the compiled step reads them without an attribute
+    lookup."""
+
+    cdef public object tokenizer
+    cdef public list hashes
+    cdef public list numbers
+    cdef public list weights
+    cdef public list cumulative
+    cdef public list starts
+    cdef public list ends
+    cdef public long private_kgrams
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.hashes, self.numbers, self.weights = [], [], []
+        self.cumulative, self.starts, self.ends = [0], [], []
+        self.private_kgrams = 0
+
+
 # --- the per-delta step, fused -----------------------------------------------------------
 
 
@@ -379,7 +419,8 @@ cdef class DeltaScanner:
         if not delta:
             return None
         cdef list texts, starts, ends, weights
-        cdef object tokenizer = state.tokenizer
+        cdef ChoiceColumns columns = state
+        cdef TokenizerState tokenizer = columns.tokenizer
         cdef str text = tokenizer._pending + delta
         cdef Py_ssize_t base = tokenizer._pending_at
         cdef Py_ssize_t consumed = tokenizer._consumed + len(delta)
@@ -406,9 +447,9 @@ cdef class DeltaScanner:
             tokenizer._pending, tokenizer._pending_at = "", consumed
         if not n:
             return None
-        cdef list hashes = state.hashes, numbers = state.numbers
-        cdef list cumulative = state.cumulative
-        cdef list state_weights = state.weights
+        cdef list hashes = columns.hashes, numbers = columns.numbers
+        cdef list cumulative = columns.cumulative
+        cdef list state_weights = columns.weights
         cdef Py_ssize_t before = len(hashes), i
         cdef long total = cumulative[len(cumulative) - 1], weight = self.word_weight
         cdef str unit
@@ -426,17 +467,17 @@ cdef class DeltaScanner:
             state_weights.append(weight)
             total += weight
             cumulative.append(total)
-        state.starts.extend(starts)
-        state.ends.extend(ends)
+        columns.starts.extend(starts)
+        columns.ends.extend(ends)
         cdef Py_ssize_t first = before - self.k + 1
         if first < 0:
             first = 0
         cdef list fps = kgrams_from(hashes, first, self.k)
         if not fps:
             return None
-        return self._classify(response, state, first, fps)
+        return self._classify(response, columns, first, fps)
 
-    cdef object _classify(self, response, state, Py_ssize_t first, list fps):
+    cdef object _classify(self, response, ChoiceColumns state, Py_ssize_t first, list fps):
         """The fast path of the classification, or ``(first, fps)`` when a k-gram has an
         owner (the same order of lookups as ``FingerprintIndex.lookup``)."""
         index = self.index
@@ -487,6 +528,83 @@ cdef class DeltaScanner:
         index._hot_count = count
         index._hot_newest = now
         return 0
+
+
+# --- the entity scan's per-delta step --------------------------------------------------
+
+
+cdef class EntityFeed:
+    """``entities.EntityScanner``'s state and its ``feed``, compiled: every delta of every
+    stream takes this step, and most meet no entity. The subclass adds what runs when one
+    is met (``_confirm``) and at the end. ``fold`` and ``astral_sub`` are the entities
+    module's (lowercasing that keeps offsets; the replacement of characters pyahocorasick
+    cannot take), given so that this module imports nothing of the engine's."""
+
+    cdef public object _index
+    cdef public list _text
+    cdef public list _raw
+    cdef public Py_ssize_t _length
+    cdef public str _tail
+    cdef public object _generation
+    cdef public list _iterators
+    cdef public list _undecided
+    cdef public set _seen
+    cdef object _fold
+    cdef object _astral_sub
+
+    def __init__(self, index, fold, astral_sub):
+        self._index = index
+        self._text, self._raw, self._length, self._tail = [], [], 0, ""
+        self._generation = -1
+        self._iterators, self._undecided, self._seen = [], [], set()
+        self._fold, self._astral_sub = fold, astral_sub
+
+    def feed(self, str delta):
+        """Returns confirmed ``(start, end, entity id)`` matches, offsets into the stream."""
+        self._raw.append(delta)
+        if PyUnicode_IS_ASCII(delta):
+            delta = delta.lower()
+        else:
+            delta = self._astral_sub("\ufffd", self._fold(delta))
+        if not delta:
+            return []
+        cdef Py_ssize_t base = self._length, origin, end, longest, start, window_base
+        self._text.append(delta)
+        self._length += len(delta)
+        cdef list candidates = []
+        index = self._index
+        if self._generation != index.generation:
+            # Automata swapped: new iterators, primed with the tail so that an entity
+            # cut by the swap is still found.
+            self._generation = index.generation
+            origin = base - len(self._tail)
+            self._iterators = [(a.iter(self._tail + delta), origin) for a in index.automata()]
+        else:
+            for it, _ in self._iterators:
+                it.set(delta, False)
+        for it, origin_obj in self._iterators:
+            origin = origin_obj
+            # A continued iterator counts positions over all the input it was given.
+            for end_obj, (entity_id, text) in it:
+                end = end_obj
+                if origin + end + 1 > base:
+                    candidates.append((origin + end + 1, entity_id, text))
+        cdef str window = self._tail + delta
+        cdef list pending = index.pending
+        if pending:
+            window_base = base - len(self._tail)
+            for entity_id, key in pending:
+                start = window.find(key)
+                while start != -1:
+                    end = window_base + start + len(key)
+                    if end > base:
+                        candidates.append((end, entity_id, key))
+                    start = window.find(key, start + 1)
+        longest = index.longest
+        self._tail = window[len(window) - min(longest - 1, len(window)):] if longest > 1 else ""
+        if not candidates and not self._undecided:
+            return []  # most deltas: nothing to confirm
+        return self._confirm(candidates, final=False)
 
 
 # --- records of the window, out of the garbage collector's sight --------------------------

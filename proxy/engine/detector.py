@@ -1051,26 +1051,21 @@ class ResponseScan:
         return sources
 
 
-class _ChoiceState:
-    """Per-choice streaming state: tokenizer, shingler, unit offsets, coverage runs."""
+class _ChoiceState(_core.ChoiceColumns):
+    """Per-choice streaming state: tokenizer, shingler, unit offsets, coverage runs. The
+    columns every delta appends to are ``_core.ChoiceColumns``'s fields (tokenizer,
+    hashes, numbers, weights, cumulative, starts, ends, private_kgrams), which the
+    compiled delta step writes in place."""
 
     __slots__ = (
-        "tokenizer",
         "winnower",
         "entities",
-        "starts",
-        "ends",
-        "weights",
-        "hashes",
-        "numbers",
-        "cumulative",
         "runs",
         "vocabulary",
         "public_numbers",
         "exchange_555",
         "complete",
         "own_units",
-        "private_kgrams",
         "batches",
         "matches",
         "extracted",
@@ -1081,22 +1076,15 @@ class _ChoiceState:
     )
 
     def __init__(self, engine: Engine, own_units: frozenset[int] = frozenset()) -> None:
-        self.tokenizer = StreamTokenizer()
+        super().__init__(StreamTokenizer())
         self.winnower = StreamWinnower(engine.config.winnow_window)
         self.entities = EntityScanner(engine.entities) if engine.config.entities else None
-        self.starts: list[int] = []
-        self.ends: list[int] = []
-        self.weights: list[int] = []
-        self.hashes: list[int] = []
-        self.numbers: list[bool] = []
-        self.cumulative: list[int] = [0]
         self.runs: dict[int, _Run] = {}
         self.vocabulary = engine.vocabulary
         self.public_numbers = engine.public_numbers
         self.exchange_555 = engine.exchange_555
         self.complete = False  # the last unit of the choice has arrived
         self.own_units = own_units
-        self.private_kgrams = 0  # k-grams of this output that are not common text
         # For the keyed record: units scanned after each feed, entity matches with the
         # feed they came in, entities extracted at the end (and their folded texts).
         self.batches: list[int] = []

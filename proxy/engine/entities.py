@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import ahocorasick
 
-from proxy.engine._core import EntityOwner  # untracked by the garbage collector
+from proxy.engine._core import EntityFeed, EntityOwner  # EntityOwner: untracked by the GC
 
 MIN_ENTITY_CHARS = 6
 # pyahocorasick 2.x crashes (segfault) when an iterator continued with set(..., False)
@@ -354,7 +354,7 @@ def _automaton(entries: Iterable[tuple[str, str]]) -> ahocorasick.Automaton | No
     return a
 
 
-class EntityScanner:
+class EntityScanner(EntityFeed):
     """Scans one output stream (lowercased deltas) for live entities.
 
     Each automaton's search iterator keeps its state across deltas; when the index
@@ -363,19 +363,12 @@ class EntityScanner:
     the last rebuild) are searched in the tail directly. A match must stand on word
     boundaries (so ``12345678`` does not match inside ``9123456789``); a match that
     ends exactly at the end of the text so far is confirmed by the next delta or by
-    ``finish``.
+    ``finish``. ``feed`` is compiled (``_core.EntityFeed``; ``reference.entity_feed`` is
+    the Python it replaced).
     """
 
     def __init__(self, index: EntityIndex) -> None:
-        self._index = index
-        self._text: list[str] = []
-        self._raw: list[str] = []
-        self._length = 0
-        self._tail = ""
-        self._generation = -1
-        self._iterators: list = []
-        self._undecided: list[tuple[int, str, str]] = []  # (end, id, text): next char?
-        self._seen: set[tuple[int, str]] = set()
+        super().__init__(index, fold, _ASTRAL.sub)
 
     @property
     def text(self) -> str:
@@ -386,48 +379,6 @@ class EntityScanner:
     def raw_text(self) -> str:
         """The stream as received (entity extraction needs the original case)."""
         return "".join(self._raw)
-
-    def feed(self, delta: str) -> list[tuple[int, int, str]]:
-        """Returns confirmed ``(start, end, entity id)`` matches, offsets into the stream."""
-        self._raw.append(delta)
-        delta = fold(delta)
-        if not delta.isascii():
-            delta = _ASTRAL.sub("\ufffd", delta)
-        if not delta:
-            return []
-        base = self._length
-        self._text.append(delta)
-        self._length += len(delta)
-        candidates: list[tuple[int, str, str]] = []
-        if self._generation != self._index.generation:
-            # Automata swapped: new iterators, primed with the tail so that an entity
-            # cut by the swap is still found.
-            self._generation = self._index.generation
-            origin = base - len(self._tail)
-            self._iterators = [(a.iter(self._tail + delta), origin) for a in self._index.automata()]
-        else:
-            for it, _ in self._iterators:
-                it.set(delta, False)
-        for it, origin in self._iterators:
-            # A continued iterator counts positions over all the input it was given.
-            for end, (entity_id, text) in it:
-                if origin + end + 1 > base:
-                    candidates.append((origin + end + 1, entity_id, text))
-        window = self._tail + delta
-        if pending := self._index.pending:
-            window_base = base - len(self._tail)
-            for entity_id, key in pending:
-                start = window.find(key)
-                while start != -1:
-                    end = window_base + start + len(key)
-                    if end > base:
-                        candidates.append((end, entity_id, key))
-                    start = window.find(key, start + 1)
-        longest = self._index.longest
-        self._tail = window[-(longest - 1) :] if longest > 1 else ""
-        if not candidates and not self._undecided:
-            return []  # most deltas: nothing to confirm
-        return self._confirm(candidates, final=False)
 
     def finish(self) -> list[tuple[int, int, str]]:
         return self._confirm([], final=True)

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from proxy.engine.entities import _ASTRAL, EntityScanner, fold
 from proxy.engine.fingerprint import _MASK, _PRIME, _mix64
 
 _ASCII_UNIT_RE = re.compile(r"[^\W_]+", re.ASCII)
@@ -124,3 +125,46 @@ class FrozenGenerations:
         self, fingerprints: list[int], result: list[tuple[int, ...]]
     ) -> list[tuple[int, ...]]:
         return frozen_values(self.generations, self.any_bits, self.any_shift, fingerprints, result)
+
+
+def entity_feed(self: EntityScanner, delta: str) -> list[tuple[int, int, str]]:
+    """``_core.EntityFeed.feed``: the Python ``EntityScanner.feed`` ran, on ``self``'s state."""
+    self._raw.append(delta)
+    delta = fold(delta)
+    if not delta.isascii():
+        delta = _ASTRAL.sub("\ufffd", delta)
+    if not delta:
+        return []
+    base = self._length
+    self._text.append(delta)
+    self._length += len(delta)
+    candidates: list[tuple[int, str, str]] = []
+    if self._generation != self._index.generation:
+        # Automata swapped: new iterators, primed with the tail so that an entity
+        # cut by the swap is still found.
+        self._generation = self._index.generation
+        origin = base - len(self._tail)
+        self._iterators = [(a.iter(self._tail + delta), origin) for a in self._index.automata()]
+    else:
+        for it, _ in self._iterators:
+            it.set(delta, False)
+    for it, origin in self._iterators:
+        # A continued iterator counts positions over all the input it was given.
+        for end, (entity_id, text) in it:
+            if origin + end + 1 > base:
+                candidates.append((origin + end + 1, entity_id, text))
+    window = self._tail + delta
+    if pending := self._index.pending:
+        window_base = base - len(self._tail)
+        for entity_id, key in pending:
+            start = window.find(key)
+            while start != -1:
+                end = window_base + start + len(key)
+                if end > base:
+                    candidates.append((end, entity_id, key))
+                start = window.find(key, start + 1)
+    longest = self._index.longest
+    self._tail = window[-(longest - 1) :] if longest > 1 else ""
+    if not candidates and not self._undecided:
+        return []  # most deltas: nothing to confirm
+    return self._confirm(candidates, final=False)

@@ -115,20 +115,16 @@ def unit_batch(text: str, offset: int = 0) -> UnitBatch:
     return UnitBatch(texts, starts, ends, weights)
 
 
-class StreamTokenizer:
+class StreamTokenizer(_core.TokenizerState):
     """Turns a stream of deltas into units, whatever the delta boundaries.
 
     ``feed`` returns the units completed by a delta; a trailing word that may continue
     in the next delta is held back. ``flush`` returns it at the end of the stream.
-    Offsets count characters of the concatenated deltas.
+    Offsets count characters of the concatenated deltas. The state is in
+    ``_core.TokenizerState``, whose fields the compiled delta step updates in place.
     """
 
-    __slots__ = ("_pending", "_pending_at", "_consumed")
-
-    def __init__(self) -> None:
-        self._pending = ""
-        self._pending_at = 0
-        self._consumed = 0
+    __slots__ = ()
 
     def feed(self, delta: str) -> UnitBatch:
         if not delta:
