@@ -347,3 +347,31 @@ def test_the_compiled_entity_feed_is_the_reference_one(text, cuts, swap_at, seed
         for name in ("_text", "_raw", "_length", "_tail", "_undecided", "_seen", "_generation"):
             assert getattr(compiled, name) == getattr(python, name), name
     assert compiled.finish() == python.finish()
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 99_999).map(str),
+            st.sampled_from(["1899", "1900", "1999", "2000", "2099", "2100", "0199", "20", "19"]),
+            st.from_regex(r"[a-z0-9]{1,6}", fullmatch=True),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_compiled_step_marks_the_specific_numbers_the_python_one_marks(words):
+    """Amounts, ids and codes are specific, years and short numbers are not: the compiled
+    step's test of ASCII units is ``is_specific_number``'s, unit by unit."""
+    from proxy.engine import Engine, EngineConfig
+    from proxy.engine.detector import is_specific_number
+    from proxy.engine.tokens import unit_texts
+
+    text = " ".join(words)
+    scan = Engine(EngineConfig(key=b"k" * 32)).observe_prompt("t", "r", "a question", now=1.0)
+    for i in range(0, len(text), 5):
+        scan.feed(text[i : i + 5], now=1.0)
+    scan.finish(now=1.0)
+    numbers = scan.record().choices[0].numbers.tolist()
+    assert numbers == [is_specific_number(u) for u in unit_texts(text)]

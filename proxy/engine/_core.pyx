@@ -33,6 +33,28 @@ cdef inline bint is_alnum(unsigned char c) noexcept nogil:
     return (c >= 48 and c <= 57) or (c >= 65 and c <= 90) or (c >= 97 and c <= 122)
 
 
+cdef inline bint has_ascii_upper(str text) noexcept:
+    """An ASCII ``text`` holds a capital letter."""
+    cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
+    cdef Py_ssize_t i
+    for i in range(PyUnicode_GET_LENGTH(text)):
+        if 65 <= data[i] <= 90:
+            return True
+    return False
+
+
+cdef inline bint specific_ascii_number(const unsigned char* unit, Py_ssize_t n) noexcept:
+    """``detector.is_specific_number`` of an ASCII unit: three digits or more, and not a
+    year (19xx, 20xx)."""
+    cdef Py_ssize_t i
+    if n < 3:
+        return False
+    for i in range(n):
+        if not 48 <= unit[i] <= 57:
+            return False
+    return not (n == 4 and unit[0] in b"12" and (unit[1] == 57 if unit[0] == 49 else unit[1] == 48))
+
+
 cdef int append_ascii_units(str text, Py_ssize_t offset, list texts, list starts,
                             list ends) except -1:
     """``ascii_units``'s loop, appending to the caller's columns."""
@@ -319,6 +341,59 @@ cdef class FrozenGenerations:
 # --- per-stream state the per-delta step reads and writes in place -----------------------
 
 
+cdef class EngineClock:
+    """``detector.Engine``'s sequence numbers (``tick``), as a field: every delta takes
+    one."""
+
+    cdef public long long sequence
+
+    def __init__(self, long long sequence):
+        self.sequence = sequence
+
+    def tick(self):
+        """The next sequence number."""
+        self.sequence += 1
+        return self.sequence
+
+
+@cython.auto_pickle(False)  # FingerprintIndex pickles its own state, these fields included
+cdef class IndexFields:
+    """What every delta's step reads and writes of ``index.FingerprintIndex``, as
+    fields: the hot generation (a key's first value; the keys with several), its count
+    and newest time, the size that freezes it, and the compiled view of the frozen
+    generations (None until built, and after they change)."""
+
+    cdef public dict _hot
+    cdef public dict _hot_more
+    cdef public Py_ssize_t _hot_count
+    cdef public object _hot_newest
+    cdef public Py_ssize_t freeze_size
+    cdef public object _frozen
+
+    def __init__(self, Py_ssize_t freeze_size):
+        self._hot, self._hot_more = {}, {}
+        self._hot_count, self._hot_newest = 0, 0.0
+        self.freeze_size = freeze_size
+        self._frozen = None
+
+    FIELDS = ("_hot", "_hot_more", "_hot_count", "_hot_newest", "freeze_size", "_frozen")
+
+
+cdef class ScanFields:
+    """What every delta's step reads of ``detector.ResponseScan``, as fields: the
+    request's slot in the engine, the scan's clock, and the output's fingerprints
+    waiting to be counted in the commonness sketch at its end."""
+
+    cdef public object slot
+    cdef public object _now
+    cdef public list _to_count
+
+    def __init__(self, slot, now):
+        self.slot = slot
+        self._now = now
+        self._to_count = []
+
+
 cdef class TokenizerState:
     """``tokens.StreamTokenizer``'s state, as fields the compiled step reads without an
     attribute lookup: the word held back (it may continue in the next delta), where it
@@ -336,9 +411,9 @@ cdef class TokenizerState:
 
 cdef class ChoiceColumns:
     """The columns of ``detector._ChoiceState`` that every delta appends to (unit hashes,
-    specific numbers, weights, their running sum, offsets), its tokenizer and its count
-    of private k-grams, as fields: the compiled step reads them without an attribute
-    lookup."""
+    specific numbers, weights, their running sum, offsets, the record of each feed), its
+    tokenizer, entity scanner and count of private k-grams, as fields: the compiled
+    steps read them without an attribute lookup."""
 
     cdef public object tokenizer
     cdef public list hashes
@@ -348,12 +423,18 @@ cdef class ChoiceColumns:
     cdef public list starts
     cdef public list ends
     cdef public long private_kgrams
+    cdef public object entities
+    cdef public list batches
+    cdef public list seqs
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, entities):
         self.tokenizer = tokenizer
         self.hashes, self.numbers, self.weights = [], [], []
         self.cumulative, self.starts, self.ends = [0], [], []
         self.private_kgrams = 0
+        self.entities = entities  # an EntityFeed, or None when entities are off
+        # For the keyed record: units scanned after each feed, and its sequence number.
+        self.batches, self.seqs = [], []
 
 
 # --- the per-delta step, fused -----------------------------------------------------------
@@ -416,42 +497,93 @@ cdef class DeltaScanner:
         self.word_weight = word_weight
 
     def scan(self, response, state, str delta):
+        return self.step(response, state, delta)
+
+    cdef object step(self, response, ChoiceColumns columns, str delta):
         if not delta:
             return None
-        cdef list texts, starts, ends, weights
-        cdef ChoiceColumns columns = state
         cdef TokenizerState tokenizer = columns.tokenizer
-        cdef str text = tokenizer._pending + delta
+        cdef str text = tokenizer._pending + delta if tokenizer._pending else delta
         cdef Py_ssize_t base = tokenizer._pending_at
         cdef Py_ssize_t consumed = tokenizer._consumed + len(delta)
-        cdef bint ascii = PyUnicode_IS_ASCII(text)
-        if ascii:
-            texts, starts, ends = [], [], []
-            append_ascii_units(text, base, texts, starts, ends)
-        else:
-            batch = self.unit_batch(text, base)
-            texts, starts, ends, weights = batch.texts, batch.starts, batch.ends, batch.weights
-        cdef Py_ssize_t n = len(texts)
+        cdef Py_ssize_t before = len(columns.hashes)
         tokenizer._consumed = consumed
-        if n and ends[n - 1] == consumed and (ascii or weights[n - 1] == self.word_weight):
-            # The last word touches the end of the stream so far: it may continue.
+        if PyUnicode_IS_ASCII(text):
+            if not self._add_ascii(columns, tokenizer, text, base, consumed):
+                return None
+        elif not self._add_batch(columns, tokenizer, text, base, consumed):
+            return None
+        cdef Py_ssize_t first = before - self.k + 1
+        if first < 0:
+            first = 0
+        cdef list fps = kgrams_from(columns.hashes, first, self.k)
+        if not fps:
+            return None
+        return self._classify(response, columns, first, fps)
+
+    cdef Py_ssize_t _add_ascii(self, ChoiceColumns columns, TokenizerState tokenizer,
+                               str text, Py_ssize_t base, Py_ssize_t consumed) except -1:
+        """The tokenizer's step on ASCII ``text`` (``ascii_units``'s loop), its units
+        appended straight to the columns; the word that touches the end is held back.
+        Returns how many units it added."""
+        cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, start, added = 0
+        cdef list hashes = columns.hashes, numbers = columns.numbers
+        cdef list weights = columns.weights, cumulative = columns.cumulative
+        cdef list starts = columns.starts, ends = columns.ends
+        cdef long total = cumulative[len(cumulative) - 1], weight = self.word_weight
+        cdef bint upper
+        cdef str unit
+        tokenizer._pending, tokenizer._pending_at = "", consumed
+        while i < n:
+            if not is_alnum(data[i]):
+                i += 1
+                continue
+            start = i
+            upper = False
+            while i < n and is_alnum(data[i]):
+                upper |= 65 <= data[i] <= 90
+                i += 1
+            if i == n:  # the word touches the end of the stream so far: it may continue
+                tokenizer._pending = PyUnicode_Substring(text, start, n)
+                tokenizer._pending_at = base + start
+                break
+            unit = PyUnicode_Substring(text, start, i)
+            if upper:
+                unit = unit.lower()
+            h = self.cache.get(unit)
+            hashes.append(self.unit(unit) if h is None else h)
+            numbers.append(specific_ascii_number(data + start, i - start))
+            weights.append(weight)
+            total += weight
+            cumulative.append(total)
+            starts.append(base + start)
+            ends.append(base + i)
+            added += 1
+        return added
+
+    cdef Py_ssize_t _add_batch(self, ChoiceColumns columns, TokenizerState tokenizer,
+                               str text, Py_ssize_t base, Py_ssize_t consumed) except -1:
+        """The tokenizer's step on other text (``unit_batch``: words, CJK characters),
+        its units appended to the columns; a word (not a CJK character) that touches the
+        end is held back. Returns how many units it added."""
+        batch = self.unit_batch(text, base)
+        cdef list texts = batch.texts, starts = batch.starts, ends = batch.ends
+        cdef list weights = batch.weights
+        cdef Py_ssize_t n = len(texts), i
+        if n and ends[n - 1] == consumed and weights[n - 1] == self.word_weight:
             start = starts.pop()
             texts.pop()
             ends.pop()
-            if not ascii:
-                weights.pop()
+            weights.pop()
             tokenizer._pending = text[start - base:]
             tokenizer._pending_at = start
             n -= 1
         else:
             tokenizer._pending, tokenizer._pending_at = "", consumed
-        if not n:
-            return None
         cdef list hashes = columns.hashes, numbers = columns.numbers
         cdef list cumulative = columns.cumulative
-        cdef list state_weights = columns.weights
-        cdef Py_ssize_t before = len(hashes), i
-        cdef long total = cumulative[len(cumulative) - 1], weight = self.word_weight
+        cdef long total = cumulative[len(cumulative) - 1], weight
         cdef str unit
         for i in range(n):
             unit = texts[i]
@@ -462,29 +594,23 @@ cdef class DeltaScanner:
                 if Py_UNICODE_ISDIGIT(PyUnicode_READ_CHAR(unit, 0)) and self.specific_number(unit)
                 else False
             )
-            if not ascii:
-                weight = weights[i]
-            state_weights.append(weight)
+            weight = weights[i]
+            columns.weights.append(weight)
             total += weight
             cumulative.append(total)
         columns.starts.extend(starts)
         columns.ends.extend(ends)
-        cdef Py_ssize_t first = before - self.k + 1
-        if first < 0:
-            first = 0
-        cdef list fps = kgrams_from(hashes, first, self.k)
-        if not fps:
-            return None
-        return self._classify(response, columns, first, fps)
+        return n
 
-    cdef object _classify(self, response, ChoiceColumns state, Py_ssize_t first, list fps):
+    cdef object _classify(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
+                          list fps):
         """The fast path of the classification, or ``(first, fps)`` when a k-gram has an
         owner (the same order of lookups as ``FingerprintIndex.lookup``)."""
-        index = self.index
+        cdef IndexFields index = self.index
         cdef dict hot = index._hot
         cdef FrozenGenerations frozen = index._frozen  # a call only after they change
         if frozen is None:
-            frozen = index.frozen()
+            frozen = self.index.frozen()
         cdef uint64_t fp
         for item in fps:
             if item in hot or (frozen is not None and frozen.holds(<uint64_t>item)):
@@ -515,11 +641,11 @@ cdef class DeltaScanner:
         """``FingerprintIndex.add_many`` of k-grams no generation holds (``_classify``
         checked): stored in the hot dict here while that does not fill it, a Python
         call less on every delta; else by ``add_many``, which freezes the full dict."""
-        index = self.index
+        cdef IndexFields index = self.index
         cdef dict hot = index._hot
         cdef Py_ssize_t count = index._hot_count
         if count + len(fps) >= index.freeze_size:
-            index.add_many(fps, value, now)
+            self.index.add_many(fps, value, now)
             return 0
         for item in fps:
             if item not in hot:  # else the same k-gram twice in one delta
@@ -530,7 +656,46 @@ cdef class DeltaScanner:
         return 0
 
 
+def feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
+               EntityIndexFields entity_index, EngineClock clock):
+    """``ResponseScan.feed`` once its choice's state is found: ``scanner``'s fragment
+    step (``DeltaScanner``, or ``detector.PythonDeltaScanner``), the Python scan when the
+    step hands k-grams back, the entity scan, and the record of the feed (the units so
+    far, the next of ``clock``'s sequence numbers). Returns the findings. Python runs only when a
+    step meets something: a k-gram another request owns, an entity, a pending key."""
+    if type(scanner) is DeltaScanner:
+        step = (<DeltaScanner>scanner).step(response, state, delta)
+    else:
+        step = scanner.scan(response, state, delta)
+    cdef list found = [] if step is None else response._scan_kgrams(state, choice, *step)
+    entities = state.entities
+    if entities is not None:
+        if entity_index.pending:
+            entity_index.maybe_rebuild()
+        matches = (<EntityFeed>entities).feed(delta)
+        if matches:  # most deltas meet no entity
+            found += response._met_entities(state, choice, matches)
+    state.batches.append(len(state.hashes))
+    clock.sequence += 1
+    state.seqs.append(clock.sequence)
+    return found
+
+
 # --- the entity scan's per-delta step --------------------------------------------------
+
+
+cdef class EntityIndexFields:
+    """What every delta's entity step reads of ``entities.EntityIndex``, as fields: the
+    automata's generation, the keys not in an automaton yet, the longest key."""
+
+    cdef public long generation
+    cdef public list pending
+    cdef public Py_ssize_t longest
+
+    def __init__(self, Py_ssize_t longest):
+        self.generation = 0
+        self.pending = []  # (id, text) not in an automaton yet
+        self.longest = longest
 
 
 cdef class EntityFeed:
@@ -559,11 +724,12 @@ cdef class EntityFeed:
         self._iterators, self._undecided, self._seen = [], [], set()
         self._fold, self._astral_sub = fold, astral_sub
 
-    def feed(self, str delta):
+    cpdef list feed(self, str delta):
         """Returns confirmed ``(start, end, entity id)`` matches, offsets into the stream."""
         self._raw.append(delta)
         if PyUnicode_IS_ASCII(delta):
-            delta = delta.lower()
+            if has_ascii_upper(delta):  # most deltas have no capital: no copy
+                delta = delta.lower()
         else:
             delta = self._astral_sub("\ufffd", self._fold(delta))
         if not delta:
@@ -572,7 +738,7 @@ cdef class EntityFeed:
         self._text.append(delta)
         self._length += len(delta)
         cdef list candidates = []
-        index = self._index
+        cdef EntityIndexFields index = self._index
         if self._generation != index.generation:
             # Automata swapped: new iterators, primed with the tail so that an entity
             # cut by the swap is still found.

@@ -141,7 +141,7 @@ class _Run:
     specific: set[int] = field(default_factory=set)
 
 
-class Engine:
+class Engine(_core.EngineClock):
     """Multi-tenant leak detector. Single-threaded: call it from one thread/loop."""
 
     def __init__(
@@ -182,10 +182,11 @@ class Engine:
         self._order: deque[int] = deque()  # slots by time, for expiry
         self._next_slot = 1
         self._last_sweep = 0.0
-        #: Orders prompts and feeds across concurrent scans (see ``records``). Starts at
-        #: the clock in microseconds, so that a restarted process keeps numbering after the
-        #: last one (a journal spans restarts).
-        self.sequence = time.time_ns() // 1000
+        #: ``sequence`` (a field of ``_core.EngineClock``, ``tick``) orders prompts and
+        #: feeds across concurrent scans (see ``records``). Starts at the clock in
+        #: microseconds, so that a restarted process keeps numbering after the last one
+        #: (a journal spans restarts).
+        super().__init__(time.time_ns() // 1000)
         self._in_flight: dict[int, int] = {}  # slot -> sequence number of its prompt
         # (seq, slot) of the in-flight scans, a heap: the low water without a scan
         # of every scan still open (a request that never finishes stays until its
@@ -245,10 +246,6 @@ class Engine:
     def entity_id(self, folded: str) -> str:
         """An entity's id: the keyed hash of its folded text (also its evidence)."""
         return self.hasher.digest(folded.encode())
-
-    def tick(self) -> int:
-        self.sequence += 1
-        return self.sequence
 
     def low_water(self) -> int:
         """Every sequence number below this belongs to a finished scan or a prompt."""
@@ -569,7 +566,7 @@ class PythonDeltaScanner:
         return response.add_batch(state, batch) if batch.texts else None
 
 
-class ResponseScan:
+class ResponseScan(_core.ScanFields):
     """Scans one response, delta by delta, per choice. Also records the response's
     own output as a source for later responses (outputs leak as well as prompts)."""
 
@@ -582,17 +579,17 @@ class ResponseScan:
         #: Unit hashes of this request's own prompt: a name or number the victim wrote
         #: itself explains its answer, so it does not make a foreign match distinctive.
         self.own_units = frozenset(prompt.units.tolist())
-        self.slot = slot
+        # slot, _now and _to_count (output fingerprints to count in the sketch at the
+        # end): fields of _core.ScanFields, which every delta's step reads.
+        super().__init__(slot, prompt.time)
         self.findings: list[Finding] = []
         self._choices: dict[int, _ChoiceState] = {}
-        self._now = prompt.time
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
         self._foreign_entities: set[str] = set()  # ids found here that are not ours
         # ... of which only answers to the same question held them: the model's answer
         # again, which this output shares with them (it renews the entity's life).
         self._echoed_entities: set[str] = set()
         self._similar: dict[int, bool] = {}  # slot -> asked (nearly) the same as this one
-        self._to_count: list[int] = []  # output fingerprints to count in the sketch
         self.finished = False
 
     def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list[Finding]:
@@ -601,19 +598,17 @@ class ResponseScan:
             self._now = now
         engine = self.engine
         state = self._choices.get(choice) or self._state(choice)
-        # Compiled: most deltas need nothing more than this step (``DeltaScanner``).
+        # Compiled: most deltas need nothing more (``DeltaScanner``, ``EntityFeed``).
         scanner = engine._delta_scanner or engine.delta_scanner()
-        step = scanner.scan(self, state, delta)
-        found = self._scan_kgrams(state, choice, *step) if step is not None else []
-        if state.entities is not None:
-            if engine.entities.pending:
-                engine.entities.maybe_rebuild()
-            if matches := state.entities.feed(delta):  # most deltas meet no entity
-                state.matches.extend((*m, len(state.batches)) for m in matches)
-                found += self._entity_findings(choice, matches)
-        state.batches.append(len(state.hashes))
-        state.seqs.append(engine.tick())
-        return found
+        return _core.feed_delta(scanner, self, state, delta, choice, engine.entities, engine)
+
+    def _met_entities(
+        self, state: _ChoiceState, choice: int, matches: list[tuple[int, int, str]]
+    ) -> list[Finding]:
+        """Entities the choice's stream met, ``(start, end, entity id)``: recorded with
+        the feed they came in, and judged."""
+        state.matches.extend((*m, len(state.batches)) for m in matches)
+        return self._entity_findings(choice, matches)
 
     def finish(self, now: float | None = None) -> list[Finding]:
         """End of the response: flush held-back text and register the output's
@@ -627,9 +622,7 @@ class ResponseScan:
         for choice, state in self._choices.items():
             found += self._scan_batch(state, choice, state.tokenizer.flush(), final=True)
             if state.entities is not None:
-                matches = state.entities.finish()
-                state.matches.extend((*m, len(state.batches)) for m in matches)
-                found += self._entity_findings(choice, matches)
+                found += self._met_entities(state, choice, state.entities.finish())
                 raw = state.entities.raw_text
                 state.chars = len(raw)
                 engine = self.engine
@@ -1054,45 +1047,41 @@ class ResponseScan:
 class _ChoiceState(_core.ChoiceColumns):
     """Per-choice streaming state: tokenizer, shingler, unit offsets, coverage runs. The
     columns every delta appends to are ``_core.ChoiceColumns``'s fields (tokenizer,
-    hashes, numbers, weights, cumulative, starts, ends, private_kgrams), which the
-    compiled delta step writes in place."""
+    entities, hashes, numbers, weights, cumulative, starts, ends, batches, seqs,
+    private_kgrams), which the compiled steps write in place."""
 
     __slots__ = (
         "winnower",
-        "entities",
         "runs",
         "vocabulary",
         "public_numbers",
         "exchange_555",
         "complete",
         "own_units",
-        "batches",
         "matches",
         "extracted",
         "texts",
         "chars",
-        "seqs",
         "finished",
     )
 
     def __init__(self, engine: Engine, own_units: frozenset[int] = frozenset()) -> None:
-        super().__init__(StreamTokenizer())
+        super().__init__(
+            StreamTokenizer(), EntityScanner(engine.entities) if engine.config.entities else None
+        )
         self.winnower = StreamWinnower(engine.config.winnow_window)
-        self.entities = EntityScanner(engine.entities) if engine.config.entities else None
         self.runs: dict[int, _Run] = {}
         self.vocabulary = engine.vocabulary
         self.public_numbers = engine.public_numbers
         self.exchange_555 = engine.exchange_555
         self.complete = False  # the last unit of the choice has arrived
         self.own_units = own_units
-        # For the keyed record: units scanned after each feed, entity matches with the
-        # feed they came in, entities extracted at the end (and their folded texts).
-        self.batches: list[int] = []
+        # For the keyed record: entity matches with the feed they came in, entities
+        # extracted at the end (and their folded texts).
         self.matches: list[tuple[int, int, str, int]] = []
         self.extracted: list[tuple[str, str, int, int]] = []
         self.texts: dict[str, str] = {}
         self.chars = 0
-        self.seqs: list[int] = []
         self.finished = False  # replay: its last step ran
 
     def add_units(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import ahocorasick
 
-from proxy.engine._core import EntityFeed, EntityOwner  # EntityOwner: untracked by the GC
+from proxy.engine._core import EntityFeed, EntityIndexFields, EntityOwner
 
 MIN_ENTITY_CHARS = 6
 # pyahocorasick 2.x crashes (segfault) when an iterator continued with set(..., False)
@@ -251,7 +251,7 @@ def extract_entities(text: str) -> list[Entity]:
     return found
 
 
-class EntityIndex:
+class EntityIndex(EntityIndexFields):
     """Live entities of the window, by id (the keyed hash of the folded entity), with
     their owners.
 
@@ -261,18 +261,18 @@ class EntityIndex:
     """
 
     def __init__(self, *, recent_max: int = 4096, rebuild_interval: float = 0.2) -> None:
+        # generation, pending (id, text) not in an automaton yet, longest: fields of
+        # _core.EntityIndexFields, which every delta's entity step reads.
+        super().__init__(MIN_ENTITY_CHARS)
         self.table: dict[str, EntityOwner] = {}
         self._texts: dict[str, str] = {}  # id -> folded text, for the automata
         self._by_time: deque[tuple[float, str, str]] = deque()  # (time, id, tenant)
         self.recent_max = recent_max
         self.rebuild_interval = rebuild_interval
-        self.generation = 0
         self.base: ahocorasick.Automaton | None = None
         self.recent: ahocorasick.Automaton | None = None
         self._recent: list[tuple[str, str]] = []
-        self.pending: list[tuple[str, str]] = []  # (id, text) not in an automaton yet
         self._last_rebuild = 0.0
-        self.longest = MIN_ENTITY_CHARS
 
     def add(
         self,

@@ -48,7 +48,7 @@ class _Generation:
         self.columns = (self.keys, self.values, self.bitmap, self.shift)
 
 
-class FingerprintIndex:
+class FingerprintIndex(_core.IndexFields):
     """Fingerprint -> values, bounded by time and by count.
 
     Values are small ints chosen by the caller (< 2**32). A fingerprint keeps at most
@@ -64,22 +64,19 @@ class FingerprintIndex:
         max_fingerprints: int = 4_000_000,
         max_values_per_key: int = 8,
     ) -> None:
-        self.freeze_size = freeze_size
+        # _hot, _hot_more, _hot_count, _hot_newest, freeze_size, _frozen: fields of
+        # _core.IndexFields, which every delta's step reads and writes.
+        super().__init__(freeze_size)
         self.max_generations = max_generations
         self.max_fingerprints = max_fingerprints
         self.max_values_per_key = max_values_per_key
-        # The hot generation: a key's first value, and, for the keys with several, all
-        # of them. Only ints in the first dict, so the garbage collector never tracks
-        # it: a full collection of the detector walked its 100,000 entries (issue 16).
-        self._hot: dict[int, int] = {}
-        self._hot_more: dict[int, tuple[int, ...]] = {}
-        self._hot_count = 0
-        self._hot_newest = 0.0
+        # The hot generation (_hot): a key's first value, and, for the keys with several,
+        # all of them (_hot_more). Only ints in the first dict, so the garbage collector
+        # never tracks it: a full collection of the detector walked its 100,000 entries.
         self._generations: list[_Generation] = []  # oldest first
         # One bit per top-bits bucket of every frozen key: most fingerprints of a stream
         # are new, and one test here spares the test of each generation's own bitmap.
         self._any = bytearray(1 << (_ANY_BITS - 3))
-        self._frozen: _core.FrozenGenerations | None = None  # built by lookup, reset by changes
         self.evicted = 0
 
     def __len__(self) -> int:
@@ -158,7 +155,12 @@ class FingerprintIndex:
         return self._frozen
 
     def __getstate__(self) -> dict:
-        return {**{s: getattr(self, s) for s in self.__dict__}, "_frozen": None}
+        fields = {name: getattr(self, name) for name in _core.IndexFields.FIELDS}
+        return {**self.__dict__, **fields, "_frozen": None}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
 
     def evict(self, older_than: float) -> int:
         """Drop generations whose newest fingerprint is older than ``older_than``."""
