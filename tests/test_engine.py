@@ -1091,24 +1091,53 @@ def test_pair_filter_and_sketch_give_the_same_answers_by_numpy_and_by_python():
     assert sum(together) >= 200 and together[60] >= 2
 
 
+PREFILTER_SAMPLES = [
+    "mail ana.lopez+x@corp-mail.eu.org now",
+    "see https://host/path?token=abcdef123456 and ftp://u:p@h/",
+    "order ID-123456789 and 00012345678",
+    "secret AbCdEfGh1234567890IjKlMnOp_-x9 here",
+    "nothing to see, 1234567 and short Ab1",
+    "key sk-proj-a1B2c3D4e5F6g7H8i9 and ghp_abcdefghijklmnopqrstu1 and AKIAZ7Y6X5W4V3U2T1S0",
+    "card 4539 1488 0343 6467 or 5490-1234-5678-9011 or 4012888888881882",
+    "call +44 20 7946 0123 or (415) 555-0142",
+    "the shortest card, 13 digits: 4539-1488-0343-3",  # each alone: the least a pattern takes
+    "a phone in Arabic-Indic digits +٤٤ ٢٠ ٧٩٤٦ ٠١٢٣",
+    "bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+]
+
+
+def _prefilters_hold(text: str) -> None:
+    from proxy.engine import entities
+
+    for kind, pattern, _ in entities._PATTERNS:
+        needs = entities._NEEDS.get(kind)
+        if needs is not None and pattern.search(text):
+            assert needs(text), (kind, text)
+
+
 def test_entity_prefilters_never_skip_a_match():
     """The cheap tests that skip a kind's pattern are implied by the pattern itself."""
     from proxy.engine import entities
 
-    samples = [
-        "mail ana.lopez+x@corp-mail.eu.org now",
-        "see https://host/path?token=abcdef123456 and ftp://u:p@h/",
-        "order ID-123456789 and 00012345678",
-        "secret AbCdEfGh1234567890IjKlMnOp_-x9 here",
-        "nothing to see, 1234567 and short Ab1",
-    ]
-    for text in samples:
-        for kind, pattern, _ in entities._PATTERNS:
-            needs = entities._NEEDS.get(kind)
-            if needs is not None and pattern.search(text):
-                assert needs(text), (kind, text)
-    kinds = {e.kind for text in samples for e in entities.extract_entities(text)}
-    assert {"email", "url_secret", "digit_id", "token"} <= kinds
+    for text in PREFILTER_SAMPLES:
+        _prefilters_hold(text)
+    kinds = {e.kind for text in PREFILTER_SAMPLES for e in entities.extract_entities(text)}
+    assert set(entities._NEEDS) <= kinds
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(PREFILTER_SAMPLES).map(lambda t: t[: len(t) // 2 + 7]),
+            st.sampled_from([" ", "-", "+", "(", ")", "@", "://", "sk-", "gh", "_", "٣"]),
+            st.from_regex(r"[0-9A-Za-z]{1,8}", fullmatch=True),
+        ),
+        max_size=25,
+    ).map("".join)
+)
+def test_entity_prefilters_never_skip_a_match_in_any_text(text):
+    _prefilters_hold(text)
 
 
 def test_kgrams_rolling_and_one_by_one_agree():

@@ -124,9 +124,15 @@ _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
 
 # What a text must contain for a kind's pattern to match at all: a cheaper test that
 # spares most texts the full pattern (exact: each is implied by the pattern).
+# Each starts with a literal or a character class, which the regex engine scans for
+# fast; the patterns' leading \b or look-behind make them try every position (the
+# phone pattern took 36-44 us a kilobyte of text that holds no phone number; its test 5-7).
 _NEEDS: dict[str, Callable[[str], object]] = {
     "email": lambda text: "@" in text,
     "url_secret": lambda text: "://" in text,
+    "api_key": re.compile(r"sk-|gh[pousr]_|AKIA|xox[abpr]-|AIza|eyJ", re.A).search,
+    "card": re.compile(r"\d(?:[ -]?\d){12}", re.A).search,
+    "phone": re.compile(r"\+\d|\(\d{3}\)").search,  # \d of any script, as the pattern's
     "digit_id": re.compile(r"\d{7}", re.A).search,
     "token": re.compile(r"[A-Za-z0-9_-]{24}").search,
 }
