@@ -248,7 +248,8 @@ def test_sketch_increment_is_the_reference_one(seed, size, together):
     rng = random.Random(seed)
     sketch = CommonnessSketch(width_bits=5)
     sketch.counts_array[:, : rng.randrange(33)] = 65534
-    expected = sketch.counts_array.copy()
+    start = sketch.counts_array.copy()
+    expected = start.copy()
     for _ in range(4):
         fps = [rng.getrandbits(64) for _ in range(size)]
         fps += rng.sample(fps, size // 3)
@@ -259,7 +260,7 @@ def test_sketch_increment_is_the_reference_one(seed, size, together):
             expected, tuple(sketch._seed_ints), sketch._mask_int, fps, together
         )
         assert (sketch.counts_array == expected).all()
-    assert expected.max() == 65535 or sketch.counts_array.sum() > 0
+    assert (expected != start).any()  # the batches counted something
 
 
 @settings(max_examples=60, deadline=None)

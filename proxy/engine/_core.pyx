@@ -55,31 +55,36 @@ cdef inline bint specific_ascii_number(const unsigned char* unit, Py_ssize_t n) 
     return not (n == 4 and unit[0] in b"12" and (unit[1] == 57 if unit[0] == 49 else unit[1] == 48))
 
 
+cdef inline Py_ssize_t next_word(const unsigned char* data, Py_ssize_t i, Py_ssize_t n,
+                                  Py_ssize_t* end, bint* upper) noexcept:
+    """The start of the first run of ``[A-Za-z0-9]`` at or after ``i`` (``n`` when there
+    is none); its end goes to ``end``, and whether it holds a capital to ``upper``."""
+    while i < n and not is_alnum(data[i]):
+        i += 1
+    cdef Py_ssize_t start = i
+    upper[0] = False
+    while i < n and is_alnum(data[i]):
+        upper[0] |= 65 <= data[i] <= 90
+        i += 1
+    end[0] = i
+    return start
+
+
 cdef int append_ascii_units(str text, Py_ssize_t offset, list texts, list starts,
                             list ends) except -1:
     """``ascii_units``'s loop, appending to the caller's columns."""
     cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
     cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text)
-    cdef Py_ssize_t i = 0, start
+    cdef Py_ssize_t start, end = 0
     cdef bint upper
-    cdef unsigned char c
-    while i < n:
-        if not is_alnum(data[i]):
-            i += 1
-            continue
-        start = i
-        upper = False
-        while i < n:
-            c = data[i]
-            if not is_alnum(c):
-                break
-            upper |= c >= 65 and c <= 90
-            i += 1
-        unit = PyUnicode_Substring(text, start, i)
+    while True:
+        start = next_word(data, end, n, &end, &upper)
+        if start == n:
+            return 0
+        unit = PyUnicode_Substring(text, start, end)
         texts.append(unit.lower() if upper else unit)  # most words have no capital
         starts.append(start + offset)
-        ends.append(i + offset)
-    return 0
+        ends.append(end + offset)
 
 
 def ascii_units(str text, Py_ssize_t offset=0):
@@ -535,15 +540,10 @@ cdef class DeltaScanner:
         cdef bint upper
         cdef str unit
         tokenizer._pending, tokenizer._pending_at = "", consumed
-        while i < n:
-            if not is_alnum(data[i]):
-                i += 1
-                continue
-            start = i
-            upper = False
-            while i < n and is_alnum(data[i]):
-                upper |= 65 <= data[i] <= 90
-                i += 1
+        while True:
+            start = next_word(data, i, n, &i, &upper)
+            if start == n:
+                break
             if i == n:  # the word touches the end of the stream so far: it may continue
                 tokenizer._pending = PyUnicode_Substring(text, start, n)
                 tokenizer._pending_at = base + start
