@@ -102,14 +102,55 @@ def start_server(
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Returns once ``proc`` (or a child of it) listens on ``port``. RuntimeError when
+    ``proc`` exits first, or when another process took the port between ``free_port``
+    and ``proc``'s bind: a connection would reach that process, not the test's."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"process exited with {proc.returncode} before listening")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            owner = _listener_pid(port)
+            if owner is not None and not _descends_from(owner, proc.pid):
+                stop(proc)
+                raise RuntimeError(f"port {port} is held by process {owner}, not the test's")
             return
         time.sleep(0.05)
     raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")
+
+
+def _listener_pid(port: int) -> int | None:
+    """The process listening on TCP ``port`` (Linux /proc), None when it cannot be told."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return None
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        with contextlib.suppress(OSError):
+            for fd in fd_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(fd_dir.parent.name)
+    return None
+
+
+def _descends_from(pid: int, ancestor: int) -> bool:
+    for _ in range(64):  # a bounded walk up the parent chain
+        if pid == ancestor:
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return True  # gone, or not ours to read: no evidence against it
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if pid <= 1:
+            return False
+    return False
 
 
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:

@@ -422,6 +422,22 @@ def test_bad_config_is_a_clear_error(tmp_path):
     assert "proxy.mode must be one of" in result.stderr
 
 
+def test_a_port_in_use_is_a_clear_error(tmp_path, sim):
+    """mitmproxy alone says only "Error logged during startup, exiting...": the operator
+    must read which error (here: the listening port is taken)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", free_port()))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "proxy", "run", "--listen-port", str(port),
+             "--upstream", sim.url, "--log-file", str(tmp_path / "events.jsonl")],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert result.returncode != 0
+    assert f"127.0.0.1:{port}" in result.stderr and "address already in use" in result.stderr
+
+
 def test_reject_unknown_tenant(tmp_path, sim):
     cfg = tmp_path / "reject.toml"
     cfg.write_text('[tenants]\nunknown = "reject"\nsources = ["header"]\n')

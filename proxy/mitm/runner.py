@@ -109,6 +109,10 @@ async def serve(request: RunRequest) -> int:
         listen_port=cfg.proxy.listen_port,
     )
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
+    # Without the terminal log, mitmdump's start-up check says only "Error logged during
+    # startup, exiting...": the operator must see which (a port in use, a bad option).
+    if (errorcheck := master.addons.get("errorcheck")) is not None:
+        errorcheck.repeat_errors_on_stderr = True
     try:
         master.options.update(**tls_options(cfg.tls))
     except Exception as e:  # OptionsError: a readable message, no traceback
