@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -221,6 +222,25 @@ def test_frozen_lookup_is_the_reference_one(seed, size):
     generations = [g.columns for g in index._generations]
     assert compiled == reference.frozen_values(generations, index._any, 64 - 24, queries, expected)
     assert any(compiled)  # the keys asked for are found at all
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=50), st.lists(st.integers(0, 2**64 - 1)))
+def test_sorted_membership_is_numpy_s(keys, others):
+    """The prompt units' and the baseline corpus's membership tests, against numpy's
+    ``searchsorted`` (what they replaced), with keys above 2**63 and empty arrays."""
+    array = np.unique(np.array(keys, dtype=np.uint64))
+    queries = keys[:10] + others
+    at = np.minimum(
+        np.searchsorted(array, np.array(queries, dtype=np.uint64)), max(len(array) - 1, 0)
+    )
+    expected = (
+        (array[at] == np.array(queries, dtype=np.uint64)).tolist()
+        if len(array)
+        else [False] * len(queries)
+    )
+    assert _core.sorted_members(array, queries) == expected
+    assert [_core.sorted_contains(array, q) for q in queries] == expected
 
 
 @settings(max_examples=60, deadline=None)

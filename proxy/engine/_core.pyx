@@ -240,6 +240,28 @@ cdef inline Py_ssize_t lower_bound(const uint64_t* keys, Py_ssize_t n, uint64_t 
     return lo
 
 
+def sorted_contains(const uint64_t[::1] keys, uint64_t key):
+    """``key`` is in the sorted array ``keys``: numpy's ``searchsorted`` on one scalar
+    costs microseconds of conversions, paid for every unit a foreign output covers."""
+    cdef Py_ssize_t n = keys.shape[0], at
+    if n == 0:
+        return False
+    at = lower_bound(&keys[0], n, key)
+    return at < n and keys[at] == key
+
+
+def sorted_members(const uint64_t[::1] keys, list fingerprints):
+    """``[fp in keys for fp in fingerprints]`` for the sorted array ``keys``."""
+    cdef Py_ssize_t n = keys.shape[0], at
+    cdef uint64_t fp
+    cdef list out = []
+    for item in fingerprints:
+        fp = <uint64_t>item
+        at = lower_bound(&keys[0], n, fp) if n else 0
+        out.append(at < n and keys[at] == fp)
+    return out
+
+
 cdef class FrozenGenerations:
     """The frozen generations of a ``FingerprintIndex``, read in place: built once when
     they change, so that a lookup acquires no buffer. ``generations`` are ``(keys,
@@ -451,8 +473,8 @@ cdef class DeltaScanner:
     tokenizer's step (``StreamTokenizer.feed``, on that object's own state), unit hashes
     (through the hasher's cache), the choice's columns (``_ChoiceState.add_units``), the
     new k-grams, and their classification against the index and the commonness sketch
-    (``Engine._classify``). When no new k-gram has an owner in the index, none can be
-    foreign, so the step also does what ``ResponseScan._learn_from`` would (the private
+    (``Engine._classify``). When no new k-gram that is not common has an owner in the
+    index, none can be foreign, so the step also does what ``ResponseScan._learn_from`` would (the private
     k-grams indexed as this output's, the uses queued for the sketch) and is done.
 
     ``scan(response, state, delta)`` returns None when the delta needs nothing more: it
@@ -604,8 +626,10 @@ cdef class DeltaScanner:
 
     cdef object _classify(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
                           list fps):
-        """The fast path of the classification, or ``(first, fps)`` when a k-gram has an
-        owner (the same order of lookups as ``FingerprintIndex.lookup``)."""
+        """The fast path of the classification, or ``(first, fps)`` when a k-gram that is
+        not common has an owner (the same order of lookups as ``FingerprintIndex.lookup``).
+        Shared system prompts and popular questions make owned but common k-grams the
+        usual case of a warm deployment: about a third of the quality workload's deltas."""
         cdef IndexFields index = self.index
         cdef dict hot = index._hot
         cdef FrozenGenerations frozen = index._frozen  # a call only after they change
@@ -613,7 +637,13 @@ cdef class DeltaScanner:
             frozen = self.index.frozen()
         cdef uint64_t fp
         for item in fps:
-            if item in hot or (frozen is not None and frozen.holds(<uint64_t>item)):
+            fp = <uint64_t>item
+            if (item in hot or (frozen is not None and frozen.holds(fp))) and sketch_min(
+                    &self.flat[0], self.seeds, self.depth, self.mask, self.width, fp
+            ) < self.threshold:
+                # Another request holds it and it is not common yet: it may be theirs.
+                # Common text another request holds is no evidence, and is handled
+                # below as ``_scan_kgrams`` would (neither counted nor indexed again).
                 return first, fps
         cdef list to_count = response._to_count, to_index = []
         cdef Py_ssize_t corpus_size = self.corpus.shape[0], at

@@ -416,9 +416,7 @@ class Engine(_core.EngineClock):
         if baseline := self.baseline:
             private = [p and fp not in baseline for p, fp in zip(private, fps, strict=True)]
         if (corpus := self.baseline_sorted).size:
-            keys = np.array(fps, dtype=np.uint64)
-            at = np.minimum(np.searchsorted(corpus, keys), corpus.size - 1)
-            public = (corpus[at] == keys).tolist()
+            public = _core.sorted_members(corpus, fps)
             private = [p and not pub for p, pub in zip(private, public, strict=True)]
         # Comprehensions, not one loop with appends: most fingerprints have no owner.
         unowned = [
@@ -1124,8 +1122,7 @@ class _ChoiceState(_core.ChoiceColumns):
             return False
         if self.numbers[i]:
             return unit not in self.public_numbers
-        at = int(np.searchsorted(prompt_units, np.uint64(unit)))
-        return at < len(prompt_units) and int(prompt_units[at]) == unit
+        return _core.sorted_contains(prompt_units, unit)
 
     def tied(self, i: int) -> bool:
         """A candidate of ``specific`` still stands with the units around it: a number
