@@ -243,6 +243,17 @@ def test_sorted_membership_is_numpy_s(keys, others):
     assert [_core.sorted_contains(array, q) for q in queries] == expected
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.sets(st.integers(0, 2**64 - 1), max_size=60), st.sets(st.integers(0, 2**64 - 1)))
+def test_the_signatures_intersection_is_numpy_s(a, b):
+    """Two prompts' signatures (sorted, unique) share what numpy's intersect1d finds."""
+    b |= set(list(a)[: len(a) // 2])
+    left, right = (np.array(sorted(s), dtype=np.uint64) for s in (a, b))
+    expected = len(np.intersect1d(left, right, assume_unique=True))
+    assert _core.sorted_intersection_size(left, right) == expected
+    assert _core.sorted_intersection_size(right, left) == expected
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 300))
 def test_sketch_counts_are_the_reference_ones(seed, size):

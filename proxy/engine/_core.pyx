@@ -262,6 +262,23 @@ def sorted_members(const uint64_t[::1] keys, list fingerprints):
     return out
 
 
+def sorted_intersection_size(const uint64_t[::1] a, const uint64_t[::1] b):
+    """``len(np.intersect1d(a, b, assume_unique=True))`` of two sorted arrays of unique
+    keys, by merging: numpy's concatenates and sorts both (about 19 us for two prompt
+    signatures), once per pair of requests a response meets."""
+    cdef Py_ssize_t i = 0, j = 0, shared = 0, n = a.shape[0], m = b.shape[0]
+    while i < n and j < m:
+        if a[i] < b[j]:
+            i += 1
+        elif b[j] < a[i]:
+            j += 1
+        else:
+            shared += 1
+            i += 1
+            j += 1
+    return shared
+
+
 cdef class FrozenGenerations:
     """The frozen generations of a ``FingerprintIndex``, read in place: built once when
     they change, so that a lookup acquires no buffer. ``generations`` are ``(keys,

@@ -497,7 +497,7 @@ class Engine(_core.EngineClock):
         small = min(len(ra.signature), len(rb.signature))
         if small < 4:
             return False  # too little private text to tell: only identical prompts count
-        shared = len(np.intersect1d(ra.signature, rb.signature, assume_unique=True))
+        shared = _core.sorted_intersection_size(ra.signature, rb.signature)
         return shared / small >= self.config.same_prompt_similarity
 
     # -- learned commonness, kept across restarts --------------------------------------
