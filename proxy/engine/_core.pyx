@@ -644,24 +644,28 @@ cdef class DeltaScanner:
     cdef object _classify(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
                           list fps):
         """The fast path of the classification, or ``(first, fps)`` when a k-gram that is
-        not common has an owner (the same order of lookups as ``FingerprintIndex.lookup``).
-        Shared system prompts and popular questions make owned but common k-grams the
-        usual case of a warm deployment: about a third of the quality workload's deltas."""
+        not common has an owner other than this tenant's requests of the window (the
+        same order of lookups as ``FingerprintIndex.lookup``). Owned but common k-grams
+        (shared system prompts, popular questions) and k-grams only this tenant holds
+        (its prompt echoed, its earlier answers) are no evidence of a leak: handled here
+        as ``ResponseScan._scan_kgrams`` would handle them."""
         cdef IndexFields index = self.index
         cdef dict hot = index._hot
         cdef FrozenGenerations frozen = index._frozen  # a call only after they change
         if frozen is None:
             frozen = self.index.frozen()
         cdef uint64_t fp
+        cdef set tenant_owned = None
         for item in fps:
             fp = <uint64_t>item
             if (item in hot or (frozen is not None and frozen.holds(fp))) and sketch_min(
                     &self.flat[0], self.seeds, self.depth, self.mask, self.width, fp
             ) < self.threshold:
-                # Another request holds it and it is not common yet: it may be theirs.
-                # Common text another request holds is no evidence, and is handled
-                # below as ``_scan_kgrams`` would (neither counted nor indexed again).
-                return first, fps
+                if not self._only_tenant_holds(response, item):
+                    return first, fps  # it may be another tenant's: the Python scan
+                if tenant_owned is None:
+                    tenant_owned = set()
+                tenant_owned.add(item)
         cdef list to_count = response._to_count, to_index = []
         cdef Py_ssize_t corpus_size = self.corpus.shape[0], at
         cdef long private = 0
@@ -670,7 +674,8 @@ cdef class DeltaScanner:
             if sketch_min(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
                           fp) >= self.threshold:
                 continue  # common text: neither private nor to be counted again
-            to_count.append(item)
+            if tenant_owned is None or item not in tenant_owned:
+                to_count.append(item)  # this tenant's own text is counted already
             if self.baseline and item in self.baseline:
                 continue
             if corpus_size:
@@ -680,9 +685,28 @@ cdef class DeltaScanner:
             to_index.append(item)
             private += 1
         state.private_kgrams += private
-        if to_index:
+        if tenant_owned is not None:  # keys held already: the index adds a value
+            self.index.add_many(to_index, (response.slot << 1) | 1, response._now)
+        elif to_index:
             self._index_fresh(to_index, (response.slot << 1) | 1, response._now)
         return None
+
+    cdef bint _only_tenant_holds(self, response, fp) except -1:
+        """Every request that holds ``fp`` is this response's tenant's and in the window
+        (``_source_record``): then no value of it is foreign (``_foreign_values``), and
+        the tenant's use of it is counted already (``Engine._classify``'s ``unowned``)."""
+        cdef tuple values = self.index.lookup([fp])[0]
+        if not values or len(values) >= 64:
+            return False  # kept for the Python scan: rare, and not private there
+        engine = response.engine
+        cdef dict requests = engine._requests
+        horizon = response._now - engine.config.window_seconds
+        tenant = response.tenant
+        for value in values:
+            record = requests.get(value >> 1)
+            if record is None or record.time < horizon or record.tenant != tenant:
+                return False
+        return True
 
     cdef int _index_fresh(self, list fps, value, now) except -1:
         """``FingerprintIndex.add_many`` of k-grams no generation holds (``_classify``
