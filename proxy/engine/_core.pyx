@@ -240,26 +240,24 @@ cdef inline Py_ssize_t lower_bound(const uint64_t* keys, Py_ssize_t n, uint64_t 
     return lo
 
 
+cdef inline bint sorted_has(const uint64_t* keys, Py_ssize_t n, uint64_t key) noexcept nogil:
+    """``key`` is in the ``n`` sorted ``keys``."""
+    cdef Py_ssize_t at = lower_bound(keys, n, key)
+    return at < n and keys[at] == key
+
+
 def sorted_contains(const uint64_t[::1] keys, uint64_t key):
     """``key`` is in the sorted array ``keys``: numpy's ``searchsorted`` on one scalar
     costs microseconds of conversions, paid for every unit a foreign output covers."""
-    cdef Py_ssize_t n = keys.shape[0], at
-    if n == 0:
-        return False
-    at = lower_bound(&keys[0], n, key)
-    return at < n and keys[at] == key
+    return keys.shape[0] > 0 and sorted_has(&keys[0], keys.shape[0], key)
 
 
 def sorted_members(const uint64_t[::1] keys, list fingerprints):
     """``[fp in keys for fp in fingerprints]`` for the sorted array ``keys``."""
-    cdef Py_ssize_t n = keys.shape[0], at
-    cdef uint64_t fp
-    cdef list out = []
-    for item in fingerprints:
-        fp = <uint64_t>item
-        at = lower_bound(&keys[0], n, fp) if n else 0
-        out.append(at < n and keys[at] == fp)
-    return out
+    cdef Py_ssize_t n = keys.shape[0]
+    if n == 0:
+        return [False] * len(fingerprints)
+    return [sorted_has(&keys[0], n, <uint64_t>item) for item in fingerprints]
 
 
 def sorted_intersection_size(const uint64_t[::1] a, const uint64_t[::1] b):
@@ -335,7 +333,7 @@ cdef class FrozenGenerations:
 
     cdef bint holds(self, uint64_t fp) noexcept:
         """Some generation holds ``fp``."""
-        cdef Py_ssize_t g, lo, size
+        cdef Py_ssize_t g, size
         cdef uint64_t bucket = fp >> self.any_shift
         if not (self.any_bits[bucket >> 3] >> (bucket & 7)) & 1:
             return False
@@ -344,8 +342,7 @@ cdef class FrozenGenerations:
             bucket = fp >> self.shifts[g]
             if not size or not (self.bitmaps[g][bucket >> 3] >> (bucket & 7)) & 1:
                 continue
-            lo = lower_bound(self.keys[g], size, fp)
-            if lo < size and self.keys[g][lo] == fp:
+            if sorted_has(self.keys[g], size, fp):
                 return True
         return False
 
@@ -490,9 +487,10 @@ cdef class DeltaScanner:
     tokenizer's step (``StreamTokenizer.feed``, on that object's own state), unit hashes
     (through the hasher's cache), the choice's columns (``_ChoiceState.add_units``), the
     new k-grams, and their classification against the index and the commonness sketch
-    (``Engine._classify``). When no new k-gram that is not common has an owner in the
-    index, none can be foreign, so the step also does what ``ResponseScan._learn_from`` would (the private
-    k-grams indexed as this output's, the uses queued for the sketch) and is done.
+    (``Engine._classify``). When no new k-gram that is not common has an owner other
+    than this tenant's requests, none can be foreign, so the step also does what
+    ``ResponseScan._learn_from`` would (the private k-grams indexed as this output's, the
+    uses queued for the sketch) and is done.
 
     ``scan(response, state, delta)`` returns None when the delta needs nothing more: it
     completed no unit, or its k-grams were all classified here. Otherwise ``(first,
@@ -667,7 +665,7 @@ cdef class DeltaScanner:
                     tenant_owned = set()
                 tenant_owned.add(item)
         cdef list to_count = response._to_count, to_index = []
-        cdef Py_ssize_t corpus_size = self.corpus.shape[0], at
+        cdef Py_ssize_t corpus_size = self.corpus.shape[0]
         cdef long private = 0
         for item in fps:
             fp = <uint64_t>item
@@ -678,10 +676,8 @@ cdef class DeltaScanner:
                 to_count.append(item)  # this tenant's own text is counted already
             if self.baseline and item in self.baseline:
                 continue
-            if corpus_size:
-                at = lower_bound(&self.corpus[0], corpus_size, fp)
-                if at < corpus_size and self.corpus[at] == fp:
-                    continue
+            if corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
+                continue
             to_index.append(item)
             private += 1
         state.private_kgrams += private
@@ -693,18 +689,16 @@ cdef class DeltaScanner:
 
     cdef bint _only_tenant_holds(self, response, fp) except -1:
         """Every request that holds ``fp`` is this response's tenant's and in the window
-        (``_source_record``): then no value of it is foreign (``_foreign_values``), and
-        the tenant's use of it is counted already (``Engine._classify``'s ``unowned``)."""
+        (``ResponseScan._source_record``): then no value of it is foreign
+        (``_foreign_values``), and the tenant's use of it is counted already
+        (``Engine._classify``'s ``unowned``)."""
         cdef tuple values = self.index.lookup([fp])[0]
         if not values or len(values) >= 64:
             return False  # kept for the Python scan: rare, and not private there
-        engine = response.engine
-        cdef dict requests = engine._requests
-        horizon = response._now - engine.config.window_seconds
         tenant = response.tenant
         for value in values:
-            record = requests.get(value >> 1)
-            if record is None or record.time < horizon or record.tenant != tenant:
+            record = response._source_record(value >> 1)
+            if record is None or record.tenant != tenant:
                 return False
         return True
 
@@ -732,8 +726,9 @@ def feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
     """``ResponseScan.feed`` once its choice's state is found: ``scanner``'s fragment
     step (``DeltaScanner``, or ``detector.PythonDeltaScanner``), the Python scan when the
     step hands k-grams back, the entity scan, and the record of the feed (the units so
-    far, the next of ``clock``'s sequence numbers). Returns the findings. Python runs only when a
-    step meets something: a k-gram another request owns, an entity, a pending key."""
+    far, the next of ``clock``'s sequence numbers). Returns the findings. Python runs
+    only when a step meets something: a k-gram another tenant holds that is not common
+    yet, an entity, a pending key."""
     if type(scanner) is DeltaScanner:
         step = (<DeltaScanner>scanner).step(response, state, delta)
     else:
