@@ -308,6 +308,59 @@ def test_pair_filter_is_the_reference_one(seed, size, bits):
     assert pairs.first_seen(tenant, batch[:1], 12.5) == []  # a pair just seen is not new
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32), st.integers(50, 3000), st.sampled_from([2, 5, 40]))
+def test_word_users_count_tenants_as_sets_of_numbers_do(seed, words, needed):
+    """``_core.WordUsers`` against a dict of sets: the same words turn plain, the same
+    users stay, through table growth, removals (backward shifts), bitsets grown past
+    one 64-bit word, ``pop``, the ``max_entries`` clear and a pickle round trip."""
+    import pickle
+
+    rng = random.Random(seed)
+    units = [rng.getrandbits(64) for _ in range(words)] + list(range(40))  # small ones too
+    table, plain, named = _core.WordUsers(300), set(), {}
+    model: dict[int, set[int]] = {}
+    model_plain: set[int] = set()
+    max_entries, widest = words // 2 + 20, 0
+    for step in range(60):
+        number = rng.choice([0, 1, 2, 63, 64, 65, 130, 299, rng.randrange(300)])
+        batch = rng.sample(units, rng.randint(1, min(200, len(units))))
+        batch += batch[:3]  # a word twice in one call
+        assert table.learn(batch, number, needed, plain, named, max_entries) == []
+        for unit in batch:
+            if unit in model_plain:
+                continue
+            if unit not in model and len(model) >= max_entries:
+                model.clear()
+            users = model.setdefault(unit, set())
+            if number not in users and users and len(users) + 1 >= needed:
+                model_plain.add(unit)  # a new word is never plain: its first user only
+                del model[unit]
+            else:
+                users.add(number)
+        assert plain == model_plain
+        if step % 7 == 3:
+            victim = rng.choice(units)
+            popped = table.pop(victim)
+            assert popped == (sorted(model.pop(victim)) if victim in model else None)
+        if step % 20 == 19:
+            table = pickle.loads(pickle.dumps(table))
+        assert len(table) == len(model)
+        assert sorted((u, n) for u, n in table.items()) == sorted(
+            (u, sorted(m)) for u, m in model.items()
+        )
+        widest = max([widest, *map(len, model.values())])
+    assert plain if needed == 2 else widest >= 2  # plain words, bitsets at all
+
+
+def test_word_users_leaves_words_kept_by_name_to_the_caller():
+    table, plain, named = _core.WordUsers(8), {5}, {7: {"x"}}
+    assert table.learn([5, 7, 9, 7], 1, 2.0, plain, named, 100) == [7, 7]
+    assert table.items() == [(9, [1])]
+    with pytest.raises(ValueError, match="bitset"):
+        table.learn([1], 8, 2.0, plain, named, 100)
+
+
 def test_compiled_lookups_refuse_columns_that_do_not_fit():
     import numpy as np
     import pytest

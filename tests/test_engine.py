@@ -1351,7 +1351,7 @@ def test_max_rare_words_bounds_what_commonness_tracks_and_keeps_plain_words():
     vocabulary.learn("b", shared)  # two tenants: plain now
     for n in range(40):
         vocabulary.learn(f"t{n}", [engine.hasher.unit(f"rare{n}-{i}") for i in range(7)])
-        assert len(vocabulary._users) <= 50
+        assert len(vocabulary) <= 50
     assert all(vocabulary.is_plain(u) for u in shared)
 
 
@@ -1372,26 +1372,22 @@ def test_vocabulary_counts_tenants_exactly_in_every_representation(steps, common
     count distinct tenants as a set of names would: the same words turn plain."""
     import proxy.engine.detector as detector
 
-    vocabulary = detector.Vocabulary(common, plain_share=0.5)
+    vocabulary = detector.Vocabulary(common, plain_share=0.5, bitset_tenants=4)
     users: dict[int, set[str]] = {}
     plain: set[int] = set()
     tenants: set[str] = set()
-    saved = detector.BITSET_TENANTS
-    detector.BITSET_TENANTS = 4
-    try:
-        for who, units in steps:
-            tenant = f"t{who}"
-            vocabulary.learn(tenant, units)
-            tenants.add(tenant)
-            needed = max(common, 0.5 * len(tenants))
-            for unit in set(units) - plain:
-                users.setdefault(unit, set()).add(tenant)
-                if len(users[unit]) >= needed:
-                    plain.add(unit)
-                    del users[unit]
-            assert vocabulary.plain == plain
-    finally:
-        detector.BITSET_TENANTS = saved
+    for who, units in steps:
+        tenant = f"t{who}"
+        vocabulary.learn(tenant, units)
+        tenants.add(tenant)
+        needed = max(common, 0.5 * len(tenants))
+        for unit in set(units) - plain:
+            users.setdefault(unit, set()).add(tenant)
+            if len(users[unit]) >= needed:
+                plain.add(unit)
+                del users[unit]
+        assert vocabulary.plain == plain
+        assert len(vocabulary) == len(users)
 
 
 def test_a_small_number_in_the_source_prompt_does_not_tie_the_models_code_to_it():

@@ -1189,69 +1189,71 @@ class Vocabulary:
     """
 
     __slots__ = (
-        "_common_tenants", "_share", "_users", "_plain", "_tenants", "_names", "max_entries"
+        "_common_tenants", "_share", "_numbered", "_named", "_plain", "_tenants", "_names",
+        "max_entries",
     )  # fmt: skip
 
     def __init__(
-        self, common_tenants: int, plain_share: float = 0.25, max_entries: int = 1_000_000
+        self,
+        common_tenants: int,
+        plain_share: float = 0.25,
+        max_entries: int = 1_000_000,
+        *,
+        bitset_tenants: int = BITSET_TENANTS,
     ) -> None:
         self._common_tenants = common_tenants
         self._share = plain_share
-        # A word's users: one tenant's name (most words), a bitset over tenant numbers
-        # (words of a few or many of the first BITSET_TENANTS tenants: 1,000 tenants in
-        # ~150 bytes, where a set of them took 1.6 KB), or else the set of their names.
-        self._users: dict[int, str | int | set[str]] = {}
+        # A word's users while all are among the first ``bitset_tenants`` tenants: their
+        # numbers, in compiled code (1,000 tenants in ~150 bytes, where a set of their
+        # names took 1.6 KB); after that, the set of their names.
+        self._numbered = _core.WordUsers(bitset_tenants)
+        self._named: dict[int, set[str]] = {}
         self._plain: set[int] = set()
         self._tenants: dict[str, int] = {}  # name -> number, in order of first use
         self._names: list[str] = []  # number -> name
         self.max_entries = max_entries
 
+    def __len__(self) -> int:
+        """Words tracked that are not plain yet (at most ``max_entries``)."""
+        return len(self._numbered) + len(self._named)
+
     def learn(self, tenant: str, units: Iterable[int]) -> None:
-        plain, users, tenants = self._plain, self._users, self._tenants
+        tenants = self._tenants
         if tenant not in tenants and len(tenants) < 1_000_000:
             tenants[tenant] = len(self._names)
             self._names.append(tenant)
         needed = max(self._common_tenants, self._share * len(tenants))
-        number = tenants.get(tenant, BITSET_TENANTS)
-        bit = 1 << number if number < BITSET_TENANTS else 0
-        for unit in set(units).difference(plain):  # C: most words are plain
-            seen = users.get(unit)
-            if seen is None:
-                if len(users) >= self.max_entries:
-                    users.clear()  # rare words of the past; plain ones are kept
-                users[unit] = tenant
-                continue
-            if isinstance(seen, str):
-                if seen == tenant:
-                    continue
-                other = tenants.get(seen, BITSET_TENANTS)
-                if bit and other < BITSET_TENANTS:
-                    seen = users[unit] = bit | 1 << other
-                else:
-                    seen = users[unit] = {seen, tenant}
-            elif isinstance(seen, int):
-                if seen & bit:
-                    continue
-                if bit:
-                    seen = users[unit] = seen | bit
-                else:  # a tenant beyond the bitset's: names from here on
-                    seen = users[unit] = self._names_of(seen) | {tenant}
-            elif tenant in seen:
-                continue
-            else:
-                seen.add(tenant)
-            if (seen.bit_count() if isinstance(seen, int) else len(seen)) >= needed:
-                plain.add(unit)
-                del users[unit]
+        number = tenants.get(tenant)
+        units = units if isinstance(units, list) else list(units)
+        if number is not None and number < self._numbered.bitset_tenants:
+            units = self._numbered.learn(
+                units, number, needed, self._plain, self._named, self.max_entries
+            )
+        self._learn_by_name(tenant, units, needed)
 
-    def _names_of(self, bits: int) -> set[str]:
-        names, number = set(), 0
-        while bits:
-            if bits & 1:
-                names.add(self._names[number])
-            bits >>= 1
-            number += 1
-        return names
+    def _learn_by_name(self, tenant: str, units: list[int], needed: float) -> None:
+        """Count ``tenant`` among the users of ``units`` by name: every word of a tenant
+        past the bitset's, and the words already kept by name."""
+        plain, named = self._plain, self._named
+        for unit in units:
+            if unit in plain:
+                continue
+            users = named.get(unit)
+            if users is None:
+                numbers = self._numbered.pop(unit)
+                if numbers is None:
+                    if len(self) >= self.max_entries:
+                        self._numbered.clear()  # rare words of the past; plain ones stay
+                        named.clear()
+                    named[unit] = {tenant}
+                    continue
+                users = named[unit] = {self._names[n] for n in numbers}
+            if tenant in users:
+                continue
+            users.add(tenant)
+            if len(users) >= needed:
+                plain.add(unit)
+                del named[unit]
 
     @property
     def plain(self) -> set[int]:
