@@ -2,7 +2,8 @@
 ``RESPONSES`` of its streamed responses (0: the fill alone). Under ``valgrind
 --tool=callgrind`` with ``PYTHONHASHSEED=0`` a run is repeatable, whatever else the
 machine does; the streamed responses' instructions are a run's total less the fill-only
-run's, and callgrind's inclusive cost of ``_core.feed_delta`` is the per-delta call's.
+run's, and callgrind's inclusive cost of ``_core.ScanFields.feed`` is the per-delta call's
+(``_core.feed_delta`` until ``ResponseScan.feed`` became that compiled method).
 
     PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/instructions.py 120
     PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/instructions.py 0

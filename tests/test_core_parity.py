@@ -361,6 +361,32 @@ def test_word_users_leaves_words_kept_by_name_to_the_caller():
         table.learn([1], 8, 2.0, plain, named, 100)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.text("abcXYZ019", min_size=1, max_size=20), min_size=1, max_size=120),
+    st.sampled_from([1, 2, 16]),
+)
+def test_short_words_cache_gives_the_hashers_unit_hashes(words, bits):
+    """A word's unit hash through ``ShortWords`` (at most 16 characters, any case; set
+    collisions and evictions in a table of 2-4 slots) is ``Hasher.unit`` of it lowercased,
+    on its first and its later uses."""
+    from functools import partial
+
+    from proxy.engine.detector import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(key=b"s" * 32))
+    scan = engine.observe_prompt("t", "r", "hello", now=1.0)
+    # Words one byte apart at the 8- and 16-byte boundaries, and in case only.
+    words = [*words, "aaaaaaaa", "aaaaaaaaa", "a" * 15, "a" * 16, "a" * 17, "A" * 16, "aB", "Ab"]
+    text = " ".join(words + words[::-1]) + " ."
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_core, "DeltaScanner", partial(_core.DeltaScanner, short_word_bits=bits))
+        for i in range(0, len(text), 7):
+            scan.feed(text[i : i + 7])
+    hashes = scan._choices[0].hashes
+    assert hashes == [engine.hasher.unit(w.lower()) for w in words + words[::-1]]
+
+
 def test_compiled_lookups_refuse_columns_that_do_not_fit():
     import numpy as np
     import pytest

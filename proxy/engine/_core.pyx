@@ -10,6 +10,7 @@ garbage collector does not walk (issue 16's GC target).
 """
 
 cimport cython
+from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from cpython.unicode cimport Py_UNICODE_ISDIGIT, PyUnicode_READ_CHAR, PyUnicode_Substring
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
@@ -603,6 +604,10 @@ cdef class EngineClock:
     one."""
 
     cdef public long long sequence
+    #: What every delta's step reads of the engine besides: its compiled step (None
+    #: until built, and after the baseline corpus changes) and its entity index.
+    cdef public object _delta_scanner
+    cdef public object entities
 
     def __init__(self, long long sequence):
         self.sequence = sequence
@@ -637,18 +642,36 @@ cdef class IndexFields:
 
 
 cdef class ScanFields:
-    """What every delta's step reads of ``detector.ResponseScan``, as fields: the
-    request's slot in the engine, the scan's clock, and the output's fingerprints
-    waiting to be counted in the commonness sketch at its end."""
+    """What every delta's step reads of ``detector.ResponseScan``, as fields: its
+    engine, its choices' states, the request's slot in the engine, the scan's clock, and
+    the output's fingerprints waiting to be counted in the commonness sketch at its end;
+    and ``feed``, which every delta calls (compiled: no Python frame per delta)."""
 
+    cdef public EngineClock engine
+    cdef public dict _choices
     cdef public object slot
     cdef public object _now
     cdef public list _to_count
 
-    def __init__(self, slot, now):
+    def __init__(self, EngineClock engine, slot, now):
+        self.engine = engine
+        self._choices = {}
         self.slot = slot
         self._now = now
         self._to_count = []
+
+    def feed(self, str delta, choice=0, now=None):
+        """Scan one output delta of ``choice``; returns the findings it completed."""
+        if now is not None:
+            self._now = now
+        state = self._choices.get(choice)
+        if state is None:
+            state = self._state(choice)
+        cdef EngineClock engine = self.engine
+        scanner = engine._delta_scanner
+        if scanner is None:
+            scanner = engine.delta_scanner()
+        return feed_delta(scanner, self, state, delta, choice, engine.entities, engine)
 
 
 cdef class TokenizerState:
@@ -697,6 +720,64 @@ cdef class ChoiceColumns:
 # --- the per-delta step, fused -----------------------------------------------------------
 
 
+ctypedef struct ShortWord:
+    uint64_t low, high  # the lowercased word's bytes, zero-padded to 16
+    PyObject* unit  # its unit hash (a reference held), NULL: an empty slot
+
+
+@cython.final
+cdef class ShortWords:
+    """The unit hashes of recent ASCII words of at most 16 characters, keyed by their
+    lowercased bytes: a 2-way set-associative cache of ``2 ** bits`` slots (24 bytes
+    each), a new word in the first way and the one it displaces in the second. It sits
+    in front of the hasher's dict cache: a hit costs no string object, no ``lower``,
+    no dict probe. A word is nonzero bytes, so its zero padding says where it ends."""
+
+    cdef ShortWord* slots
+    cdef uint64_t mask
+
+    def __cinit__(self, int bits=16):
+        if not 1 <= bits <= 24:
+            raise ValueError("ShortWords: bits out of range")
+        self.slots = <ShortWord*>calloc(1 << bits, sizeof(ShortWord))
+        if self.slots == NULL:
+            raise MemoryError()
+        self.mask = ((<uint64_t>1 << bits) - 1) & ~(<uint64_t>1)
+
+    def __dealloc__(self):
+        cdef uint64_t i
+        if self.slots != NULL:
+            for i in range(self.mask + 2):
+                Py_XDECREF(self.slots[i].unit)
+            free(self.slots)
+
+    cdef ShortWord* way(self, const unsigned char* data, Py_ssize_t n, uint64_t* key) noexcept:
+        """The set ``data[:n]`` (n <= 16) belongs to, its key written to ``key[0:2]``."""
+        cdef Py_ssize_t j
+        cdef unsigned char c
+        key[0] = key[1] = 0
+        for j in range(n):
+            c = data[j]
+            if 65 <= c <= 90:
+                c += 32
+            key[j >> 3] |= <uint64_t>c << ((j & 7) * 8)
+        return &self.slots[mix64(key[0] ^ mix64(key[1])) & self.mask]
+
+    cdef object get(self, ShortWord* ways, const uint64_t* key):
+        """The unit hash in the set ``ways`` under ``key``, or None."""
+        if ways[0].unit != NULL and ways[0].low == key[0] and ways[0].high == key[1]:
+            return <object>ways[0].unit
+        if ways[1].unit != NULL and ways[1].low == key[0] and ways[1].high == key[1]:
+            return <object>ways[1].unit
+        return None
+
+    cdef void put(self, ShortWord* ways, const uint64_t* key, object unit) noexcept:
+        Py_XDECREF(ways[1].unit)
+        ways[1] = ways[0]
+        Py_INCREF(unit)
+        ways[0].low, ways[0].high, ways[0].unit = key[0], key[1], <PyObject*>unit
+
+
 @cython.final
 cdef class DeltaScanner:
     """The common case of ``ResponseScan.feed``'s fragment scan in one call: the streaming
@@ -720,6 +801,7 @@ cdef class DeltaScanner:
     engine builds a new one when its baseline corpus changes."""
 
     cdef dict cache
+    cdef ShortWords short_words
     cdef object unit
     cdef object unit_batch
     cdef object specific_number
@@ -736,8 +818,9 @@ cdef class DeltaScanner:
     cdef const uint64_t[::1] corpus
 
     def __init__(self, hasher, sketch, index, set baseline, corpus, int threshold,
-                 unit_batch, specific_number, int word_weight):
+                 unit_batch, specific_number, int word_weight, *, int short_word_bits=16):
         self.cache = hasher._cache
+        self.short_words = ShortWords(short_word_bits)
         self.unit = hasher.unit
         self.k = hasher.k
         self.flat = sketch._flat
@@ -791,7 +874,6 @@ cdef class DeltaScanner:
         cdef list starts = columns.starts, ends = columns.ends
         cdef long total = cumulative[len(cumulative) - 1], weight = self.word_weight
         cdef bint upper
-        cdef str unit
         tokenizer._pending, tokenizer._pending_at = "", consumed
         while True:
             start = next_word(data, i, n, &i, &upper)
@@ -801,11 +883,7 @@ cdef class DeltaScanner:
                 tokenizer._pending = PyUnicode_Substring(text, start, n)
                 tokenizer._pending_at = base + start
                 break
-            unit = PyUnicode_Substring(text, start, i)
-            if upper:
-                unit = unit.lower()
-            h = self.cache.get(unit)
-            hashes.append(self.unit(unit) if h is None else h)
+            hashes.append(self._ascii_unit(text, data, start, i, upper))
             numbers.append(specific_ascii_number(data + start, i - start))
             weights.append(weight)
             total += weight
@@ -814,6 +892,26 @@ cdef class DeltaScanner:
             ends.append(base + i)
             added += 1
         return added
+
+    cdef object _ascii_unit(self, str text, const unsigned char* data, Py_ssize_t start,
+                            Py_ssize_t end, bint upper):
+        """The unit hash of the ASCII word ``text[start:end]``."""
+        cdef uint64_t key[2]
+        cdef ShortWord* ways = NULL
+        if end - start <= 16:
+            ways = self.short_words.way(data + start, end - start, key)
+            h = self.short_words.get(ways, key)
+            if h is not None:
+                return h
+        cdef str unit = PyUnicode_Substring(text, start, end)
+        if upper:
+            unit = unit.lower()
+        h = self.cache.get(unit)
+        if h is None:
+            h = self.unit(unit)
+        if ways != NULL:
+            self.short_words.put(ways, key, h)
+        return h
 
     cdef Py_ssize_t _add_batch(self, ChoiceColumns columns, TokenizerState tokenizer,
                                str text, Py_ssize_t base, Py_ssize_t consumed) except -1:
@@ -937,9 +1035,9 @@ cdef class DeltaScanner:
         return 0
 
 
-def feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
-               EntityIndexFields entity_index, EngineClock clock):
-    """``ResponseScan.feed`` once its choice's state is found: ``scanner``'s fragment
+cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
+                     EntityIndexFields entity_index, EngineClock clock):
+    """``ScanFields.feed`` once its choice's state is found: ``scanner``'s fragment
     step (``DeltaScanner``, or ``detector.PythonDeltaScanner``), the Python scan when the
     step hands k-grams back, the entity scan, and the record of the feed (the units so
     far, the next of ``clock``'s sequence numbers). Returns the findings. Python runs

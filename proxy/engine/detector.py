@@ -568,8 +568,10 @@ class ResponseScan(_core.ScanFields):
     """Scans one response, delta by delta, per choice. Also records the response's
     own output as a source for later responses (outputs leak as well as prompts)."""
 
+    # ``feed(delta, choice=0, now=None)``, the step every delta takes, is
+    # ``_core.ScanFields.feed``: it returns the findings the delta completed.
+
     def __init__(self, engine: Engine, prompt: PromptRecord, slot: int):
-        self.engine = engine
         #: The request's prompt as the engine learned it (keyed; no text).
         self.prompt = prompt
         self.tenant = prompt.tenant
@@ -577,11 +579,11 @@ class ResponseScan(_core.ScanFields):
         #: Unit hashes of this request's own prompt: a name or number the victim wrote
         #: itself explains its answer, so it does not make a foreign match distinctive.
         self.own_units = frozenset(prompt.units.tolist())
-        # slot, _now and _to_count (output fingerprints to count in the sketch at the
-        # end): fields of _core.ScanFields, which every delta's step reads.
-        super().__init__(slot, prompt.time)
+        # engine, _choices (choice -> _ChoiceState), slot, _now and _to_count (output
+        # fingerprints to count in the sketch at the end): fields of _core.ScanFields,
+        # which every delta's step reads.
+        super().__init__(engine, slot, prompt.time)
         self.findings: list[Finding] = []
-        self._choices: dict[int, _ChoiceState] = {}
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
         self._foreign_entities: set[str] = set()  # ids found here that are not ours
         # ... of which only answers to the same question held them: the model's answer
@@ -589,16 +591,6 @@ class ResponseScan(_core.ScanFields):
         self._echoed_entities: set[str] = set()
         self._similar: dict[int, bool] = {}  # slot -> asked (nearly) the same as this one
         self.finished = False
-
-    def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list[Finding]:
-        """Scan one output delta; returns the findings it completed."""
-        if now is not None:
-            self._now = now
-        engine = self.engine
-        state = self._choices.get(choice) or self._state(choice)
-        # Compiled: most deltas need nothing more (``DeltaScanner``, ``EntityFeed``).
-        scanner = engine._delta_scanner or engine.delta_scanner()
-        return _core.feed_delta(scanner, self, state, delta, choice, engine.entities, engine)
 
     def _met_entities(
         self, state: _ChoiceState, choice: int, matches: list[tuple[int, int, str]]
