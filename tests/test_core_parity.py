@@ -196,6 +196,42 @@ def test_the_compiled_delta_step_leaves_the_python_one_s_state(monkeypatch, seed
         assert a == b, what
 
 
+def test_the_compiled_classification_is_the_python_one(monkeypatch):
+    """``DeltaScanner.classify`` against ``PythonDeltaScanner.classify`` on every call the
+    engine makes over the quality workload (prompts and outputs; the baseline's k-grams
+    and the shipped corpus in play): the same private flags, owners and uncounted."""
+    from proxy.engine.detector import Engine
+
+    compiled_classify = Engine._classify
+    seen = {"calls": 0, "owned": 0, "unowned": 0, "public": 0, "corpus": 0}
+
+    earlier: list[int] = []
+
+    def both(engine, tenant, fps):
+        earlier.extend(fps[::3])
+        if seen["calls"] == 200:  # a corpus from here on, as add_baseline_file adds one
+            engine.baseline_sorted = np.unique(np.array(earlier, dtype=np.uint64))
+            engine._delta_scanner = None
+        got = compiled_classify(engine, tenant, fps)
+        python = PythonDeltaScanner(
+            engine.hasher, engine.sketch, engine.index, engine.baseline,
+            engine.baseline_sorted, engine.config.common_tenants,
+        )  # fmt: skip
+        assert got == python.classify(engine._requests, tenant, fps)
+        private, owners, unowned = got
+        seen["calls"] += 1
+        seen["owned"] += sum(bool(values) for values in owners)
+        seen["unowned"] += len(unowned)
+        seen["public"] += sum(not keep for keep in private)
+        seen["corpus"] = engine.baseline_sorted.size
+        return got
+
+    monkeypatch.setattr(Engine, "_classify", both)
+    streamed_state(6, baseline=True)
+    assert seen["calls"] > 1000 and seen["corpus"] > 0
+    assert min(seen["owned"], seen["unowned"], seen["public"]) > 100
+
+
 def filled_index(rng: random.Random, keys: list[int]) -> FingerprintIndex:
     """An index of several frozen generations and a hot one; some keys with several
     values (in one generation and across generations)."""

@@ -813,6 +813,7 @@ cdef class DeltaScanner:
     cdef uint64_t mask
     cdef Py_ssize_t width
     cdef unsigned short threshold
+    cdef long common_tenants
     cdef object index
     cdef set baseline
     cdef const uint64_t[::1] corpus
@@ -831,6 +832,7 @@ cdef class DeltaScanner:
             self.seeds[r] = <uint64_t>sketch._seed_ints[r]
         self.mask, self.width = sketch._mask_int, sketch._width
         self.threshold = min(threshold, 65535)
+        self.common_tenants = threshold
         self.index = index
         self.baseline = baseline
         self.corpus = corpus
@@ -1001,6 +1003,31 @@ cdef class DeltaScanner:
             self._index_fresh(to_index, (response.slot << 1) | 1, response._now)
         return None
 
+    def classify(self, dict requests, str tenant, list fps):
+        """``Engine._classify``: per k-gram, whether it is still private (not common,
+        held by fewer than 64 values, in neither the baseline nor its corpus) and its
+        owners in the index; and the k-grams whose use by ``tenant`` the sketch must
+        count (not common, and held by none of the tenant's requests in ``requests``).
+        ``detector.PythonDeltaScanner.classify`` is the Python it is held to."""
+        cdef list owners = self.index.lookup(fps), private = [], unowned = []
+        cdef Py_ssize_t i, corpus_size = self.corpus.shape[0]
+        cdef uint64_t fp
+        cdef bint common, keep
+        for i in range(len(fps)):
+            item, values = fps[i], owners[i]
+            fp = <uint64_t>item
+            common = sketch_min(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
+                                fp) >= self.common_tenants
+            keep = not common and len(values) < 64
+            if keep and self.baseline and item in self.baseline:
+                keep = False
+            if keep and corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
+                keep = False
+            private.append(keep)
+            if not common and not (values and owned_by(requests, tenant, values)):
+                unowned.append(item)
+        return private, owners, unowned
+
     cdef bint _only_tenant_holds(self, response, fp) except -1:
         """Every request that holds ``fp`` is this response's tenant's and in the window
         (``ResponseScan._source_record``): then no value of it is foreign
@@ -1059,6 +1086,15 @@ cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
     clock.sequence += 1
     state.seqs.append(clock.sequence)
     return found
+
+
+cdef bint owned_by(dict requests, str tenant, values) except -1:
+    """One of the requests ``values`` name (slot << 1 | output bit) is ``tenant``'s."""
+    for value in values:
+        record = requests.get(value >> 1)
+        if record is not None and (<RequestRecord>record).tenant == tenant:
+            return True
+    return False
 
 
 # --- the entity scan's per-delta step --------------------------------------------------

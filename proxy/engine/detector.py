@@ -405,34 +405,12 @@ class Engine(_core.EngineClock):
         """Per fingerprint: whether it is still private (not baseline, not common) and
         its current owners in the index; and the fingerprints whose use by ``tenant``
         the commonness sketch must count (common text no longer needs counting; nor
-        does text this tenant already owns in the index)."""
+        does text this tenant already owns in the index). The delta scanner's
+        ``classify``: compiled, or Python when the engine winnows."""
         if not fps:
             return [], [], []
-        counts = self.sketch.counts(fps)
-        threshold = self.config.common_tenants
-        owners = self.index.lookup(fps)
-        common = [count >= threshold for count in counts]
-        private = [not c and len(values) < 64 for c, values in zip(common, owners, strict=True)]
-        if baseline := self.baseline:
-            private = [p and fp not in baseline for p, fp in zip(private, fps, strict=True)]
-        if (corpus := self.baseline_sorted).size:
-            public = _core.sorted_members(corpus, fps)
-            private = [p and not pub for p, pub in zip(private, public, strict=True)]
-        # Comprehensions, not one loop with appends: most fingerprints have no owner.
-        unowned = [
-            fp
-            for fp, c, values in zip(fps, common, owners, strict=True)
-            if not c and not (values and self._owned_by(tenant, values))
-        ]
-        return private, owners, unowned
-
-    def _owned_by(self, tenant: str, values: tuple[int, ...]) -> bool:
-        requests = self._requests
-        for v in values:
-            record = requests.get(v >> 1)
-            if record is not None and record.tenant == tenant:
-                return True
-        return False
+        scanner = self._delta_scanner or self.delta_scanner()
+        return scanner.classify(self._requests, tenant, fps)
 
     def _count_use(self, tenant: str, fps: list[int], now: float) -> None:
         """Count ``tenant``'s use of ``fps`` in the sketch, once per tenant (pair filter)."""
@@ -549,12 +527,51 @@ class Engine(_core.EngineClock):
 
 class PythonDeltaScanner:
     """``_core.DeltaScanner``'s Python counterpart: the tokenizer's step and the new
-    units' k-grams, leaving every classification to ``ResponseScan._scan_kgrams``. The
-    engine runs it when it winnows; ``tests/test_core_parity.py`` holds the compiled
-    step to it. Takes the compiled one's arguments and needs none of them."""
+    units' k-grams, leaving every classification to ``ResponseScan._scan_kgrams``; and
+    the classification itself (``classify``). The engine runs it when it winnows;
+    ``tests/test_core_parity.py`` holds the compiled step to it. Takes the compiled
+    one's arguments."""
 
-    def __init__(self, *_tables: object) -> None:
-        pass
+    def __init__(
+        self,
+        _hasher: Hasher,
+        sketch: CommonnessSketch,
+        index: FingerprintIndex,
+        baseline: set[int],
+        corpus: np.ndarray,
+        common_tenants: int,
+        *_rest: object,
+    ) -> None:
+        self.sketch, self.index, self.baseline, self.corpus = sketch, index, baseline, corpus
+        self.common_tenants = common_tenants
+
+    def classify(
+        self, requests: dict[int, RequestRecord], tenant: str, fps: list[int]
+    ) -> tuple[list[bool], list[tuple[int, ...]], list[int]]:
+        """``Engine._classify`` (``_core.DeltaScanner.classify`` is the compiled one)."""
+        counts = self.sketch.counts(fps)
+        owners = self.index.lookup(fps)
+        common = [count >= self.common_tenants for count in counts]
+        private = [not c and len(values) < 64 for c, values in zip(common, owners, strict=True)]
+        if baseline := self.baseline:
+            private = [p and fp not in baseline for p, fp in zip(private, fps, strict=True)]
+        if self.corpus.size:
+            public = _core.sorted_members(self.corpus, fps)
+            private = [p and not pub for p, pub in zip(private, public, strict=True)]
+
+        def owned_by_tenant(values: tuple[int, ...]) -> bool:
+            return any(
+                (record := requests.get(v >> 1)) is not None and record.tenant == tenant
+                for v in values
+            )
+
+        # Comprehensions, not one loop with appends: most fingerprints have no owner.
+        unowned = [
+            fp
+            for fp, c, values in zip(fps, common, owners, strict=True)
+            if not c and not (values and owned_by_tenant(values))
+        ]
+        return private, owners, unowned
 
     def scan(
         self, response: ResponseScan, state: _ChoiceState, delta: str
