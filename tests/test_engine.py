@@ -1038,6 +1038,25 @@ def test_index_lookup_paths_agree():
     assert all(batched[i] for i in range(len(stored[::13])))
 
 
+def test_a_streams_columns_are_out_of_the_collector_s_sight():
+    """A stream's columns (unit hashes, offsets, weights, feeds; the entity scan's
+    deltas) hold only ints or strings, and a collection would read every one of them:
+    they stay untracked while the stream grows them, through the compiled ASCII step and
+    the Python step alike."""
+    import gc
+
+    engine = make_engine()
+    scan = engine.observe_prompt("A", "a-1", "Plan the Kestrel audit", now=T0)
+    for delta in ("Sure, the Kestrel ", "audit plan: ", "步骤一 ", "done."):
+        scan.feed(delta)
+    state = scan._choices[0]
+    scan.finish()
+    columns = (state.hashes, state.numbers, state.weights, state.cumulative, state.starts,
+               state.ends, state.batches, state.seqs, state.entities._text,
+               state.entities._raw)  # fmt: skip
+    assert all(columns) and not any(gc.is_tracked(c) for c in columns)
+
+
 def test_the_hot_generation_is_out_of_the_collector_s_sight():
     """A full collection walks every tracked container's entries: the hot generation
     (up to 65,536 keys) holds only ints in its main dict, so it is never tracked; keys

@@ -10,8 +10,9 @@ Active only in a detector process (``proxy.mitm.detector_worker``) and only whil
   (its wall and CPU time, the unreachable objects it found, by type) and a second one
   straight after, which shows what walking alone costs;
 * every young or middle collection that took more than ``SLOW_CPU_SECONDS`` of CPU or
-  ``SLOW_WALL_SECONDS`` on the wall clock, with what its generations held (counting
-  them costs time before the collection, not in it).
+  ``SLOW_WALL_SECONDS`` on the wall clock, with what its generations held: the
+  objects by type, the referents by the type of their holder, the tracked referents by
+  type (counting them costs time before the collection, not in it).
 
 Holds no text: type names and counts only.
 """
@@ -71,8 +72,27 @@ def _start(directory: str) -> None:
             young = gc.get_objects(generation=0)
             for older in range(1, generation + 1):
                 young += gc.get_objects(generation=older)
-            refs = sum(len(gc.get_referents(o)) for o in young if o is not young)
-            slow.update(refs=refs, objects=len(young), big=_biggest(young, 5))
+            kinds: collections.Counter[str] = collections.Counter()
+            targets: collections.Counter[str] = collections.Counter()
+            holders: collections.Counter[str] = collections.Counter()  # by referents held
+            refs = 0
+            for obj in young:
+                if obj is young:
+                    continue
+                kinds[_type_name(obj)] += 1
+                referents = gc.get_referents(obj)
+                refs += len(referents)
+                # The type only: looking into a container from inside a collection
+                # (_describe on every young object) crashed the detector (SIGSEGV).
+                holders[_type_name(obj)] += len(referents)
+                # What the collection visits: tracked referents (untracked ones cost a
+                # check only), by type.
+                targets.update(_type_name(r) for r in referents if gc.is_tracked(r))
+            slow.update(
+                refs=refs, objects=len(young), big=_biggest(young, 5),
+                kinds=kinds.most_common(6), targets=targets.most_common(6),
+                holders=holders.most_common(6),
+            )  # fmt: skip
             del young
             slow.update(wall=time.perf_counter(), cpu=time.thread_time())
             return
@@ -82,7 +102,9 @@ def _start(directory: str) -> None:
             print(
                 f"slow gen{generation} wall={wall * 1e3:.2f}ms cpu={cpu * 1e3:.2f}ms "
                 f"collected={info.get('collected')} objects={slow.get('objects')} "
-                f"refs={slow.get('refs')} big={slow.get('big')}",
+                f"refs={slow.get('refs')} big={slow.get('big')} "
+                f"kinds={slow.get('kinds')} tracked_referents={slow.get('targets')} "
+                f"referents_by_holder={slow.get('holders')}",
                 file=out,
                 flush=True,
             )

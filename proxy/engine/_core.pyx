@@ -17,6 +17,7 @@ from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
 
 cdef extern from "Python.h":
+    void PyObject_GC_UnTrack(void*)
     bint PyUnicode_IS_ASCII(object)
     void* PyUnicode_DATA(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
@@ -715,6 +716,12 @@ cdef class ChoiceColumns:
         self.entities = entities  # an EntityFeed, or None when entities are off
         # For the keyed record: units scanned after each feed, and its sequence number.
         self.batches, self.seqs = [], []
+        # Lists of ints and bools only, so in no reference cycle: out of the collector's
+        # sight, a collection neither walks them nor reads the thousands of ints they
+        # hold (issue 16's GC target). An untracked list stays untracked.
+        for column in (self.hashes, self.numbers, self.weights, self.cumulative,
+                       self.starts, self.ends, self.batches, self.seqs):
+            PyObject_GC_UnTrack(<void*>column)
 
 
 # --- the per-delta step, fused -----------------------------------------------------------
@@ -1136,6 +1143,9 @@ cdef class EntityFeed:
     def __init__(self, index, fold, astral_sub):
         self._index = index
         self._text, self._raw, self._length, self._tail = [], [], 0, ""
+        # Strings only (ChoiceColumns says why): out of the collector's sight.
+        PyObject_GC_UnTrack(<void*>self._text)
+        PyObject_GC_UnTrack(<void*>self._raw)
         self._generation = -1
         self._iterators, self._undecided, self._seen = [], [], set()
         self._fold, self._astral_sub = fold, astral_sub
