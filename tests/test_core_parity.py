@@ -382,6 +382,9 @@ def test_word_users_count_tenants_as_sets_of_numbers_do(seed, words, needed):
         if step % 20 == 19:
             table = pickle.loads(pickle.dumps(table))
         assert len(table) == len(model)
+        bitsets = sum(len(m) > 1 and (max(m) // 64 + 2) * 8 for m in model.values())
+        slots, rest = divmod(table.nbytes - bitsets, 16)  # 16-byte slots, 2**n of them
+        assert rest == 0 and slots >= 1024 and slots & (slots - 1) == 0
         assert sorted((u, n) for u, n in table.items()) == sorted(
             (u, sorted(m)) for u, m in model.items()
         )

@@ -392,10 +392,6 @@ ctypedef struct WordEntry:
     uintptr_t users
 
 
-cdef inline uint32_t users_of(uintptr_t users) noexcept:
-    return 1 if users & 1 else <uint32_t>((<uint64_t*>users)[0] >> 32)
-
-
 @cython.final
 cdef class WordUsers:
     """Which tenants used each word (a keyed unit hash), for tenants numbered below
@@ -470,7 +466,7 @@ cdef class WordUsers:
         cdef Py_ssize_t mask = self.capacity - 1, j = i, home
         cdef uintptr_t users = self.table[i].users
         if not users & 1:
-            self.bitset_bytes -= ((<uint64_t*>users)[0] & 0xFFFFFFFF) * sizeof(uint64_t)
+            self.bitset_bytes -= (((<uint64_t*>users)[0] & 0xFFFFFFFF) + 1) * sizeof(uint64_t)
             free(<void*>users)
         while True:
             j = (j + 1) & mask
@@ -654,7 +650,7 @@ cdef class ScanFields:
     cdef public object _now
     cdef public list _to_count
 
-    def __init__(self, EngineClock engine, slot, now):
+    def __init__(self, EngineClock engine not None, slot, now):
         self.engine = engine
         self._choices = {}
         self.slot = slot
