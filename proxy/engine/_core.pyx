@@ -815,8 +815,7 @@ cdef class DeltaScanner:
     cdef Py_ssize_t depth
     cdef uint64_t mask
     cdef Py_ssize_t width
-    cdef unsigned short threshold
-    cdef long common_tenants
+    cdef long common_tenants  # a sketch count at least this is common text
     cdef object index
     cdef set baseline
     cdef const uint64_t[::1] corpus
@@ -834,7 +833,6 @@ cdef class DeltaScanner:
         for r in range(self.depth):
             self.seeds[r] = <uint64_t>sketch._seed_ints[r]
         self.mask, self.width = sketch._mask_int, sketch._width
-        self.threshold = min(threshold, 65535)
         self.common_tenants = threshold
         self.index = index
         self.baseline = baseline
@@ -977,7 +975,7 @@ cdef class DeltaScanner:
             fp = <uint64_t>item
             if (item in hot or (frozen is not None and frozen.holds(fp))) and sketch_min(
                     &self.flat[0], self.seeds, self.depth, self.mask, self.width, fp
-            ) < self.threshold:
+            ) < self.common_tenants:
                 if not self._only_tenant_holds(response, item):
                     return first, fps  # it may be another tenant's: the Python scan
                 if tenant_owned is None:
@@ -989,7 +987,7 @@ cdef class DeltaScanner:
         for item in fps:
             fp = <uint64_t>item
             if sketch_min(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
-                          fp) >= self.threshold:
+                          fp) >= self.common_tenants:
                 continue  # common text: neither private nor to be counted again
             if tenant_owned is None or item not in tenant_owned:
                 to_count.append(item)  # this tenant's own text is counted already
