@@ -1060,8 +1060,8 @@ def test_a_streams_columns_are_out_of_the_collector_s_sight():
 def test_the_hot_generation_is_out_of_the_collector_s_sight():
     """A full collection walks every tracked container's entries: the hot generation
     (up to 65,536 keys) holds only ints in its main dict, so it is never tracked; keys
-    with several values keep them in a small dict of tuples, which the collector
-    untracks once it has seen them."""
+    with several values keep them in a small dict of tuples, made untracked (no young
+    collection walks them first), so that dict is never tracked either."""
     import gc
 
     from proxy.engine.index import FingerprintIndex
@@ -1073,11 +1073,35 @@ def test_the_hot_generation_is_out_of_the_collector_s_sight():
         index.add_many([fp], 9, 3.0)
         index.add_many([fp], 10, 4.0)
     assert not gc.is_tracked(index._hot)
-    gc.collect()
+    assert len(index._hot_more) == 1000 and not gc.is_tracked(index._hot_more)
     assert not any(gc.is_tracked(v) for v in index._hot_more.values())
     # 11's fourth value pushed out its oldest (7); 12 took 8 as a neighbour; 13 only 7.
     assert index.lookup([11, 12, 13, 5000]) == [(8, 9, 10), (7, 8), (7,), ()]
     assert len(index) == 4999 + 500 * 3
+
+
+def test_the_entity_tables_tuples_are_out_of_the_collector_s_sight():
+    """An entity's uses, its place in the expiry queue, its pending key and its
+    automaton payload are tuples of strings and numbers that live as long as the
+    entity: made untracked, so that young collections do not walk them one by one."""
+    import gc
+
+    from proxy.engine._core import untracked
+
+    from proxy.engine.entities import EntityIndex
+
+    index = EntityIndex(rebuild_interval=0.0)
+    for n in range(50):
+        index.add(f"id-{n}", "email", f"tenant-{n % 3}", n << 1, T0 + n, text=f"p{n}@example.com")
+    queued, pending = list(index._by_time), list(index.pending)
+    index.maybe_rebuild(T0 + 60)
+    payloads = [payload for _, payload in index.recent.items()]
+    uses = [use for owner in index.table.values() for use in owner.tenants.values()]
+    assert len(queued) == len(pending) == len(payloads) == len(uses) == 50
+    assert not any(gc.is_tracked(t) for t in queued + pending + payloads + uses)
+    assert not any(gc.is_tracked(owner.tenants) for owner in index.table.values())
+    # A tuple that holds a tracked container stays tracked: it may be in a cycle.
+    assert gc.is_tracked(untracked((1, [2])))
 
 
 def test_pair_filter_and_sketch_give_the_same_answers_by_numpy_and_by_python():

@@ -12,7 +12,9 @@ Active only in a detector process (``proxy.mitm.detector_worker``) and only whil
 * every young or middle collection that took more than ``SLOW_CPU_SECONDS`` of CPU or
   ``SLOW_WALL_SECONDS`` on the wall clock, with what its generations held: the
   objects by type, the referents by the type of their holder, the tracked referents by
-  type (counting them costs time before the collection, not in it).
+  type (counting them costs time before the collection, not in it); tuples by the
+  types of their items and, when the detector runs with ``PYTHONTRACEMALLOC=1``, by the
+  line that made them; and the modules imported since start-up's heap was frozen.
 
 Holds no text: type names and counts only.
 """
@@ -60,15 +62,35 @@ def _start(directory: str) -> None:
     import gc
     import threading
     import time
+    import tracemalloc
 
     out = open(os.path.join(directory, f"census-{os.getpid()}.txt"), "a")  # noqa: SIM115
     slow: dict[str, object] = {}
+    # Modules imported after start-up's heap was frozen: their objects are young and
+    # reach the oldest generation through the middle collections.
+    known_modules: set[str] = set()
+    freeze = gc.freeze
+
+    def freeze_and_note_modules() -> None:
+        known_modules.update(sys.modules)
+        print(f"freeze modules={len(known_modules)}", file=out, flush=True)
+        freeze()
+
+    gc.freeze = freeze_and_note_modules
+
+    def late_modules() -> list[str]:
+        if not known_modules:
+            return []
+        late = sorted(set(sys.modules) - known_modules)
+        known_modules.update(late)
+        return late
 
     def on_collection(phase: str, info: dict) -> None:
         generation = info.get("generation", 2)
         if generation == 2:
             return
         if phase == "start":
+            tracing = tracemalloc.is_tracing()
             young = gc.get_objects(generation=0)
             for older in range(1, generation + 1):
                 young += gc.get_objects(generation=older)
@@ -79,8 +101,19 @@ def _start(directory: str) -> None:
             for obj in young:
                 if obj is young:
                     continue
-                kinds[_type_name(obj)] += 1
                 referents = gc.get_referents(obj)
+                if type(obj) is tuple:  # which tuples: their items' types (referents)
+                    kind = "tuple(" + ",".join(type(r).__name__ for r in referents[:4]) + ")"
+                    if tracing:  # PYTHONTRACEMALLOC=1: where it was made
+                        trace = tracemalloc.get_object_traceback(obj)
+                        kind += (
+                            f"@{trace[0].filename.rsplit('/', 2)[-1]}:{trace[0].lineno}"
+                            if trace
+                            else "@?"
+                        )
+                    kinds[kind] += 1
+                else:
+                    kinds[_type_name(obj)] += 1
                 refs += len(referents)
                 # The type only: looking into a container from inside a collection
                 # (_describe on every young object) crashed the detector (SIGSEGV).
@@ -90,7 +123,7 @@ def _start(directory: str) -> None:
                 targets.update(_type_name(r) for r in referents if gc.is_tracked(r))
             slow.update(
                 refs=refs, objects=len(young), big=_biggest(young, 5),
-                kinds=kinds.most_common(6), targets=targets.most_common(6),
+                kinds=kinds.most_common(12), targets=targets.most_common(6),
                 holders=holders.most_common(6),
             )  # fmt: skip
             del young
@@ -104,7 +137,8 @@ def _start(directory: str) -> None:
                 f"collected={info.get('collected')} objects={slow.get('objects')} "
                 f"refs={slow.get('refs')} big={slow.get('big')} "
                 f"kinds={slow.get('kinds')} tracked_referents={slow.get('targets')} "
-                f"referents_by_holder={slow.get('holders')}",
+                f"referents_by_holder={slow.get('holders')} "
+                f"imported_since={late_modules()}",
                 file=out,
                 flush=True,
             )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import ahocorasick
 
-from proxy.engine._core import EntityFeed, EntityIndexFields, EntityOwner
+from proxy.engine._core import EntityFeed, EntityIndexFields, EntityOwner, untracked
 
 MIN_ENTITY_CHARS = 6
 # pyahocorasick 2.x crashes (segfault) when an iterator continued with set(..., False)
@@ -293,18 +293,20 @@ class EntityIndex(EntityIndexFields):
     ) -> None:
         if text is not None and _ASTRAL.search(text):
             text = None  # cannot go into an automaton (see _ASTRAL); matched by id only
+        # The tuples kept below live as long as the entity: untracked, a young collection
+        # does not walk each once on its way to the oldest generation (issue 16).
         owner = self.table.get(entity_id)
         if owner is None:
             owner = self.table[entity_id] = EntityOwner(kind)
         if text is not None and entity_id not in self._texts:
             self._texts[entity_id] = text
-            self.pending.append((entity_id, text))
+            self.pending.append(untracked((entity_id, text)))
             self.longest = max(self.longest, len(text))
-        owner.tenants[tenant] = (value, now)
+        owner.tenants[tenant] = untracked((value, now))
         owner.prompted |= not value & 1
         owner.pinned |= pin
         if not owner.pinned:
-            self._by_time.append((now, entity_id, tenant))
+            self._by_time.append(untracked((now, entity_id, tenant)))
 
     def expire(self, older_than: float) -> int:
         """Forget uses older than ``older_than``, oldest first (amortised: each use is
@@ -353,7 +355,7 @@ def _automaton(entries: Iterable[tuple[str, str]]) -> ahocorasick.Automaton | No
     """An automaton over ``(id, text)`` entries; a match yields ``(id, text)``."""
     a = ahocorasick.Automaton()
     for entity_id, text in entries:
-        a.add_word(text, (entity_id, text))
+        a.add_word(text, untracked((entity_id, text)))
     if len(a) == 0:
         return None
     a.make_automaton()

@@ -71,8 +71,9 @@ class FingerprintIndex(_core.IndexFields):
         self.max_fingerprints = max_fingerprints
         self.max_values_per_key = max_values_per_key
         # The hot generation (_hot): a key's first value, and, for the keys with several,
-        # all of them (_hot_more). Only ints in the first dict, so the garbage collector
-        # never tracks it: a full collection of the detector walked its 100,000 entries.
+        # all of them (_hot_more). Only ints in the first dict, and untracked tuples of
+        # ints in the second, so the garbage collector tracks neither: a full collection
+        # of the detector walked the first's 100,000 entries, and young ones the tuples.
         self._generations: list[_Generation] = []  # oldest first
         # One bit per top-bits bucket of every frozen key: most fingerprints of a stream
         # are new, and one test here spares the test of each generation's own bitmap.
@@ -115,7 +116,7 @@ class FingerprintIndex(_core.IndexFields):
             elif (values := more.get(fp)) is None:
                 if current == value:
                     continue
-                more[fp] = (current, value)
+                more[fp] = _core.untracked((current, value))
             else:
                 if value in values:
                     continue
@@ -123,7 +124,8 @@ class FingerprintIndex(_core.IndexFields):
                 if len(values) > cap:
                     values = values[1:]  # the oldest goes
                     self._hot_count -= 1
-                more[fp] = values
+                # Ints only, untracked: the dict of them stays untracked as well.
+                more[fp] = _core.untracked(values)
             self._hot_count += 1
             self._hot_newest = now
             if self._hot_count >= self.freeze_size:
