@@ -1,10 +1,13 @@
-"""How many deltas of the quality workload leave the compiled step for the Python scan,
-and the time they spend there: ``bench/quality.py``'s run (``--quick`` unless other
-arguments are given), with ``ResponseScan._scan_kgrams`` and ``ResponseScan.feed``
-counted and timed. The engine bench's synthetic text sends about 1% of its deltas
-there; this workload's shared system prompts, popular questions and same-tenant repeats
-are what a deployment sees. Informational: it prints figures and exits 0 (the quality
-bench's own verdict is printed above them, and its exit code is ignored here).
+"""How often the quality workload's deltas leave compiled code for Python, and the time
+they spend there: ``bench/quality.py``'s run (``--quick`` unless other arguments are
+given), with ``ResponseScan.feed`` counted and the Python methods the compiled scan
+calls back counted and timed: counting uses of text other requests hold
+(``_count_holders``), asking whether two requests asked the same
+(``_same_question``), reporting a run that is evidence (``_fragment_finding``) and
+judging the entities a delta met (``_met_entities``). Since the slow path of the
+fragment scan was compiled (``DeltaScanner.scan_kgrams``), these are all the Python a
+delta can run. Informational: it prints figures and exits 0 (the quality bench's own
+verdict is printed above them, and its exit code is ignored here).
 
     python bench/slow_path.py [quality.py arguments]
 """
@@ -22,33 +25,47 @@ import quality  # noqa: E402  (bench/quality.py)
 
 from proxy.engine import detector  # noqa: E402
 
+CALLBACKS = ("_count_holders", "_same_question", "_fragment_finding", "_met_entities")
+
 
 def main(argv: list[str]) -> int:
-    counts = {"feeds": 0, "scans": 0, "scan_ns": 0}
-    scan, feed = detector.ResponseScan._scan_kgrams, detector.ResponseScan.feed
+    counts = {"feeds": 0, "feeds_in_python": 0, "calls": 0, "ns": 0}
+    by_name = dict.fromkeys(CALLBACKS, 0)
+    entered = {"feed": -1}  # the feed that last called back, counted once
+    feed = detector.ResponseScan.feed
 
-    def timed_scan(self, *args, **kwargs):
-        started = time.perf_counter_ns()
-        try:
-            return scan(self, *args, **kwargs)
-        finally:
-            counts["scan_ns"] += time.perf_counter_ns() - started
-            counts["scans"] += 1
+    def timed(name, method):
+        def call(self, *args, **kwargs):
+            started = time.perf_counter_ns()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                counts["ns"] += time.perf_counter_ns() - started
+                counts["calls"] += 1
+                by_name[name] += 1
+                if entered["feed"] != counts["feeds"]:
+                    entered["feed"] = counts["feeds"]
+                    counts["feeds_in_python"] += 1
+
+        return call
 
     def counted_feed(self, *args, **kwargs):
         counts["feeds"] += 1
         return feed(self, *args, **kwargs)
 
-    detector.ResponseScan._scan_kgrams = timed_scan
+    for name in CALLBACKS:
+        setattr(detector.ResponseScan, name, timed(name, getattr(detector.ResponseScan, name)))
     detector.ResponseScan.feed = counted_feed
     started = time.perf_counter()
     quality.main(argv or ["--quick"])
     wall = time.perf_counter() - started
-    feeds, scans = counts["feeds"], counts["scans"]
-    print(f"\nfeeds {feeds:,}; Python scans {scans:,} ({scans / max(feeds, 1):.1%} of feeds,")
+    feeds, python = counts["feeds"], counts["feeds_in_python"]
+    print(f"\nfeeds {feeds:,}; feeds that ran Python {python:,} ({python / max(feeds, 1):.1%};")
     print("  the ends of responses included)")
-    print(f"time in the Python scan {counts['scan_ns'] / 1e9:.2f} s of {wall:.1f} s wall;")
-    print(f"  {counts['scan_ns'] / max(scans, 1) / 1000:.1f} us a scan")
+    print(f"calls back into Python {counts['calls']:,}: " + ", ".join(
+        f"{name} {n:,}" for name, n in by_name.items()))  # fmt: skip
+    print(f"time in them {counts['ns'] / 1e9:.2f} s of {wall:.1f} s wall;")
+    print(f"  {counts['ns'] / max(counts['calls'], 1) / 1000:.1f} us a call")
     return 0
 
 

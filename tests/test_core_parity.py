@@ -130,9 +130,20 @@ def test_an_engine_on_the_compiled_core_finds_what_the_python_one_found(monkeypa
     monkeypatch.setattr(_core, "sketch_counts", reference.sketch_counts)
     monkeypatch.setattr(_core, "FrozenGenerations", reference.FrozenGenerations)
     monkeypatch.setattr(_core, "pair_first_seen", reference.pair_first_seen)
-    monkeypatch.setattr(_core, "DeltaScanner", PythonDeltaScanner)
+    python_scan(monkeypatch)
     assert len(compiled) > 20  # the workload's leaks are found at all
     assert engine_findings() == compiled
+
+
+def python_scan(monkeypatch) -> None:
+    """The engine on the Python scan: ``PythonDeltaScanner``'s step, the Python
+    ``ResponseScan._scan_kgrams`` it leaves every k-gram to, and the reference's
+    coverage of a choice in place of ``ChoiceColumns``'s compiled methods."""
+    from proxy.engine.detector import _ChoiceState
+
+    monkeypatch.setattr(_core, "DeltaScanner", PythonDeltaScanner)
+    for name in ("cover", "distinct", "specific", "tied", "distinctive"):
+        monkeypatch.setattr(_ChoiceState, name, getattr(reference, name), raising=False)
 
 
 def streamed_state(seed: int, baseline: bool) -> tuple[list, list, dict, bytes, bytes]:  # noqa: PLR0914
@@ -187,7 +198,7 @@ def streamed_state(seed: int, baseline: bool) -> tuple[list, list, dict, bytes, 
 @pytest.mark.parametrize(("seed", "baseline"), [(5, False), (6, True)])
 def test_the_compiled_delta_step_leaves_the_python_one_s_state(monkeypatch, seed, baseline):
     compiled = streamed_state(seed, baseline)
-    monkeypatch.setattr(_core, "DeltaScanner", PythonDeltaScanner)
+    python_scan(monkeypatch)
     python = streamed_state(seed, baseline)
     assert len(compiled[0]) > 10 and len(compiled[2][0]) > 1000  # leaks found, text indexed
     for what, a, b in zip(
@@ -197,12 +208,13 @@ def test_the_compiled_delta_step_leaves_the_python_one_s_state(monkeypatch, seed
 
 
 def test_the_compiled_classification_is_the_python_one(monkeypatch):
-    """``DeltaScanner.classify`` against ``PythonDeltaScanner.classify`` on every call the
-    engine makes over the quality workload (prompts and outputs; the baseline's k-grams
-    and the shipped corpus in play): the same private flags, owners and uncounted."""
+    """``DeltaScanner.classify`` against ``PythonDeltaScanner.classify`` on every call an
+    engine on the Python scan makes over the quality workload (prompts and outputs; the
+    baseline's k-grams and the shipped corpus in play): the same private flags, owners
+    and uncounted."""
     from proxy.engine.detector import Engine
 
-    compiled_classify = Engine._classify
+    python_classify = Engine._classify
     seen = {"calls": 0, "owned": 0, "unowned": 0, "public": 0, "corpus": 0}
 
     earlier: list[int] = []
@@ -212,12 +224,13 @@ def test_the_compiled_classification_is_the_python_one(monkeypatch):
         if seen["calls"] == 200:  # a corpus from here on, as add_baseline_file adds one
             engine.baseline_sorted = np.unique(np.array(earlier, dtype=np.uint64))
             engine._delta_scanner = None
-        got = compiled_classify(engine, tenant, fps)
-        python = PythonDeltaScanner(
+        got = python_classify(engine, tenant, fps)
+        compiled = compiled_scanner(
             engine.hasher, engine.sketch, engine.index, engine.baseline,
-            engine.baseline_sorted, engine.config.common_tenants,
+            engine.baseline_sorted, engine.config.common_tenants, unit_batch, None, 2,
+            requests=engine._requests, config=engine.config, no_units=np.zeros(0, np.uint64),
         )  # fmt: skip
-        assert got == python.classify(engine._requests, tenant, fps)
+        assert got == compiled.classify(engine._requests, tenant, fps)
         private, owners, unowned = got
         seen["calls"] += 1
         seen["owned"] += sum(bool(values) for values in owners)
@@ -226,6 +239,9 @@ def test_the_compiled_classification_is_the_python_one(monkeypatch):
         seen["corpus"] = engine.baseline_sorted.size
         return got
 
+    compiled_scanner = _core.DeltaScanner
+    # The Python scan calls Engine._classify (the compiled one classifies inside).
+    monkeypatch.setattr(_core, "DeltaScanner", PythonDeltaScanner)
     monkeypatch.setattr(Engine, "_classify", both)
     streamed_state(6, baseline=True)
     assert seen["calls"] > 1000 and seen["corpus"] > 0

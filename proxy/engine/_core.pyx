@@ -665,6 +665,7 @@ cdef class ScanFields:
     cdef public object slot
     cdef public object _now
     cdef public list _to_count
+    cdef public str tenant
 
     def __init__(self, EngineClock engine not None, slot, now):
         self.engine = engine
@@ -702,11 +703,36 @@ cdef class TokenizerState:
         self._consumed = 0
 
 
+@cython.final
+cdef class Run:
+    """Coverage of one victim choice by one foreign request's fingerprints (what
+    ``ChoiceColumns.cover`` marked): the current and the best contiguous run (unit
+    indexes, weight), the weight covered in all, the first unit ever covered, the
+    k-grams matched and up to 64 of them (the evidence's hash), the distinct units seen
+    (two are enough) and up to 8 units that may tie a foreign output to its exchange
+    (``ChoiceColumns.tied`` decides, once the units around them have arrived)."""
+
+    cdef public Py_ssize_t start, end, best, best_start, best_end, covered, first, kgrams
+    cdef public list fingerprints
+    cdef public set distinct_units
+    cdef public set specific
+
+    def __init__(self):
+        self.start = self.end = self.first = -1
+        self.best = self.best_start = self.best_end = self.covered = self.kgrams = 0
+        self.fingerprints = []
+        self.distinct_units = set()
+        self.specific = set()
+
+
 cdef class ChoiceColumns:
     """The columns of ``detector._ChoiceState`` that every delta appends to (unit hashes,
     specific numbers, weights, their running sum, offsets, the record of each feed), its
     tokenizer, entity scanner and count of private k-grams, as fields: the compiled
-    steps read them without an attribute lookup."""
+    steps read them without an attribute lookup. Also the coverage of the choice by
+    foreign requests (``runs``: index value -> ``Run``) and what judging it reads: the
+    victim's own prompt units, the engine's plain words and public numbers, the unit of
+    the fictional 555 exchange, and whether the choice's last unit has arrived."""
 
     cdef public object tokenizer
     cdef public list hashes
@@ -719,9 +745,17 @@ cdef class ChoiceColumns:
     cdef public object entities
     cdef public list batches
     cdef public list seqs
+    cdef public dict runs
+    cdef public bint complete
+    cdef public frozenset own_units
+    cdef public set plain
+    cdef public frozenset public_numbers
+    cdef public object exchange_555
 
     def __init__(self, tokenizer, entities):
         self.tokenizer = tokenizer
+        self.runs = {}
+        self.complete = False
         self.hashes, self.numbers, self.weights = [], [], []
         self.cumulative, self.starts, self.ends = [0], [], []
         self.private_kgrams = 0
@@ -734,6 +768,95 @@ cdef class ChoiceColumns:
         for column in (self.hashes, self.numbers, self.weights, self.cumulative,
                        self.starts, self.ends, self.batches, self.seqs):
             PyObject_GC_UnTrack(<void*>column)
+
+    def distinct(self, Py_ssize_t i):
+        """Unit ``i`` is a specific number or a word few tenants use, and not one the
+        victim's own prompt holds (two tenants' code from the same template differs by
+        the names each one gave it)."""
+        return self._distinct(i)
+
+    def specific(self, Py_ssize_t i, prompt_units):
+        """Unit ``i`` ties a foreign output to its own exchange: a specific number (not
+        one public by convention, such as a test card's digits), or a non-plain word of
+        that exchange's prompt (``prompt_units``, sorted); and not a unit of the victim's
+        own prompt (which explains it)."""
+        cdef const uint64_t[::1] units = prompt_units
+        return self._specific(i, &units[0] if units.shape[0] else NULL, units.shape[0])
+
+    def tied(self, Py_ssize_t i):
+        """A candidate of ``specific`` still stands with the units around it: a number
+        next to the fictional 555 exchange (an area code, a line) is a placeholder's."""
+        return self._tied(i)
+
+    def distinctive(self, Py_ssize_t start, Py_ssize_t stop):
+        """One of units ``start .. stop-1`` is ``distinct``."""
+        return self._distinctive(start, stop)
+
+    def cover(self, source, Py_ssize_t index, Py_ssize_t k, fp, specific_to=None):
+        """Mark units ``index .. index+k-1`` as matching ``source`` (an index value);
+        ``specific_to``: the source's prompt units, when the source is an output."""
+        self._cover(source, index, k, fp, specific_to)
+
+    cdef bint _distinct(self, Py_ssize_t i) except -1:
+        unit = self.hashes[i]
+        if unit in self.own_units:
+            return False
+        return True if self.numbers[i] else unit not in self.plain
+
+    cdef bint _specific(self, Py_ssize_t i, const uint64_t* units, Py_ssize_t n) except -1:
+        unit = self.hashes[i]
+        if unit in self.own_units:
+            return False
+        if self.numbers[i]:
+            return unit not in self.public_numbers
+        return n > 0 and sorted_has(units, n, <uint64_t>unit)
+
+    cdef bint _tied(self, Py_ssize_t i) except -1:
+        if not self.numbers[i]:
+            return True
+        if i + 1 >= len(self.hashes) and not self.complete:
+            return False  # undecided until the next unit (or the end) arrives
+        return self.exchange_555 not in self.hashes[max(0, i - 1) : i + 2]
+
+    cdef bint _distinctive(self, Py_ssize_t start, Py_ssize_t stop) except -1:
+        cdef Py_ssize_t i
+        for i in range(start, stop):
+            if self._distinct(i):
+                return True
+        return False
+
+    @cython.boundscheck(True)
+    cdef int _cover(self, source, Py_ssize_t index, Py_ssize_t k, fp, specific_to) except -1:
+        cdef Run run = self.runs.get(source)
+        if run is None:
+            run = self.runs[source] = Run()
+        cdef Py_ssize_t last = index + k - 1, i, weight
+        cdef list cum = self.cumulative
+        cdef bint starts_run = run.start < 0 or index > run.end + 1
+        cdef Py_ssize_t first_new = index if starts_run else max(run.end + 1, index)
+        if starts_run:
+            run.start = index
+        if run.first < 0:
+            run.first = index
+        run.covered += <Py_ssize_t>cum[last + 1] - <Py_ssize_t>cum[first_new]
+        run.end = max(run.end, last)
+        if len(run.distinct_units) < 2:
+            for i in range(first_new, last + 1):
+                if self._distinct(i):
+                    run.distinct_units.add(i)
+        cdef const uint64_t[::1] units
+        if specific_to is not None and len(run.specific) < 8:
+            units = specific_to
+            for i in range(first_new, last + 1):
+                if self._specific(i, &units[0] if units.shape[0] else NULL, units.shape[0]):
+                    run.specific.add(i)
+        weight = <Py_ssize_t>cum[run.end + 1] - <Py_ssize_t>cum[run.start]
+        if weight > run.best:
+            run.best, run.best_start, run.best_end = weight, run.start, run.end
+        run.kgrams += 1
+        if len(run.fingerprints) < 64:
+            run.fingerprints.append(fp)
+        return 0
 
 
 # --- the per-delta step, fused -----------------------------------------------------------
@@ -810,10 +933,11 @@ cdef class DeltaScanner:
 
     ``scan(response, state, delta)`` returns None when the delta needs nothing more: it
     completed no unit, or its k-grams were all classified here. Otherwise ``(first,
-    fingerprints)``, the new k-grams and the index of the first, for the Python scan
-    (``ResponseScan._scan_kgrams``) to classify and match: about one delta in seventy on
-    the engine bench. ``reference.DeltaScanner`` is the Python it is held to: the same
-    state after every delta, the same findings.
+    fingerprints)``, the new k-grams and the index of the first, for the slow path
+    (``scan_kgrams``, which ``ResponseScan._scan_kgrams`` also calls) to classify and
+    match: about one delta in a hundred on the engine bench.
+    ``detector.PythonDeltaScanner`` and the Python ``ResponseScan._scan_kgrams`` are what
+    both are held to: the same state after every delta, the same findings.
 
     Holds the engine's tables by reference: the sketch's counters and the hasher's cache
     change in place, the index is asked for its frozen generations on every call. The
@@ -835,9 +959,18 @@ cdef class DeltaScanner:
     cdef object index
     cdef set baseline
     cdef const uint64_t[::1] corpus
+    # What the slow path (scan_kgrams) reads of the engine: its window of requests, the
+    # prompt units of a request no longer there, and its configuration.
+    cdef dict requests
+    cdef object no_units
+    cdef double window_seconds
+    cdef long run_threshold  # round(min_run_words * 2): weights count half-words
+    cdef double plain_output_factor, plain_run_factor, plain_cover_factor
+    cdef double exclusive, containment
 
     def __init__(self, hasher, sketch, index, set baseline, corpus, int threshold,
-                 unit_batch, specific_number, int word_weight, *, int short_word_bits=16):
+                 unit_batch, specific_number, int word_weight, *, dict requests, config,
+                 no_units, int short_word_bits=16):
         self.cache = hasher._cache
         self.short_words = ShortWords(short_word_bits)
         self.unit = hasher.unit
@@ -855,6 +988,13 @@ cdef class DeltaScanner:
         self.corpus = corpus
         self.unit_batch, self.specific_number = unit_batch, specific_number
         self.word_weight = word_weight
+        self.requests, self.no_units = requests, no_units
+        self.window_seconds = config.window_seconds
+        self.run_threshold = round(config.min_run_words * 2)
+        self.plain_output_factor = config.plain_output_factor
+        self.plain_run_factor = config.plain_run_factor
+        self.plain_cover_factor = config.plain_cover_factor
+        self.exclusive, self.containment = config.exclusive, config.containment
 
     def scan(self, response, state, str delta):
         return self.step(response, state, delta)
@@ -1026,6 +1166,9 @@ cdef class DeltaScanner:
         owners in the index; and the k-grams whose use by ``tenant`` the sketch must
         count (not common, and held by none of the tenant's requests in ``requests``).
         ``detector.PythonDeltaScanner.classify`` is the Python it is held to."""
+        return self._classify_all(requests, tenant, fps)
+
+    cdef tuple _classify_all(self, dict requests, str tenant, list fps):
         cdef list owners = self.index.lookup(fps), private = [], unowned = []
         cdef Py_ssize_t i, corpus_size = self.corpus.shape[0]
         cdef uint64_t fp
@@ -1045,6 +1188,153 @@ cdef class DeltaScanner:
                 unowned.append(item)
         return private, owners, unowned
 
+    def scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
+                    Py_ssize_t first, list fps, bint final=False):
+        """``ResponseScan._scan_kgrams`` for an engine that keeps every k-gram (no
+        winnowing): classify and match the k-grams the newest units completed (the
+        first at unit ``first``), then learn from them. Returns the findings. Python
+        runs only to count uses of text other requests hold (``_count_holders``, the
+        sketch) and to report a run that is evidence (``_fragment_finding``).
+        ``ResponseScan._scan_kgrams`` is the Python it is held to."""
+        return self._scan_kgrams(response, state, choice, first, fps, final)
+
+    cdef list _scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
+                           Py_ssize_t first, list fps, bint final):
+        cdef Py_ssize_t n = len(fps), i
+        if n == 0:
+            if not final:
+                return []
+            state.complete = True  # candidates that waited for a next unit decide now
+            return self._fragment_findings(response, state, choice, set(state.runs))
+        cdef tuple classified = self._classify_all(self.requests, response.tenant, fps)
+        cdef list is_private = classified[0], owners = classified[1], unowned = classified[2]
+        cdef set private = set(), touched = set()
+        cdef long kept = 0
+        for i in range(n):
+            if is_private[i]:
+                private.add(fps[i])
+                kept += 1
+        state.private_kgrams += kept
+        cdef double horizon = response._now - self.window_seconds
+        cdef list foreign
+        for i in range(n):
+            values = owners[i]
+            if not values or not is_private[i]:
+                continue
+            foreign = self._foreign_values(response, values, horizon)
+            for value in foreign:
+                state._cover(value, first + i, self.k, fps[i], self._specific_units(value))
+                touched.add(value)
+            if foreign:
+                # Another tenant's text in this output is not this tenant's text: it must
+                # not make a later leak of it to the same tenant look like its own.
+                private.discard(fps[i])
+        cdef dict holders = {}
+        for i in range(n):
+            if owners[i]:
+                holders[fps[i]] = owners[i]
+        self._learn_from(response, unowned, holders, [fp for fp in fps if fp in private])
+        if final:
+            # Every unit has arrived: candidates that waited for their next unit decide.
+            state.complete = True
+            touched.update(state.runs)
+        return self._fragment_findings(response, state, choice, touched)
+
+    cdef list _foreign_values(self, ScanFields response, tuple values, double horizon):
+        """``ResponseScan._foreign_values``: the index values (request slot and
+        prompt/output bit) that make this k-gram foreign: none when the victim's tenant
+        or enough tenants use it, or when it is in the answer to the same question.
+        A request older than ``horizon`` is out of the window, swept or not."""
+        cdef set tenants = set()
+        cdef list foreign = []
+        cdef RequestRecord record
+        for value in values:
+            record = self.requests.get(value >> 1)
+            if record is None or record.time < horizon:
+                continue  # expired
+            if value & 1 and response._same_question(value >> 1):
+                return []  # the answer to the same question: explained, whoever else has it
+            tenants.add(record.tenant)
+            foreign.append(value)
+        if response.tenant in tenants or len(tenants) >= self.common_tenants:
+            return []
+        if len(tenants) > 1:
+            for value in foreign:
+                if value & 1:
+                    # A model wrote this text for one of them: where a prompt holds it
+                    # too, it is the model's text there as well (_foreign_values).
+                    return [v for v in foreign if v & 1]
+        return foreign
+
+    cdef object _specific_units(self, value):
+        """``ResponseScan._specific_units``: a foreign output's prompt units (the
+        engine's empty array once its request is gone); None for a foreign prompt."""
+        if not value & 1:
+            return None
+        record = self.requests.get(value >> 1)
+        return (<RequestRecord>record).prompt_units if record is not None else self.no_units
+
+    cdef int _learn_from(self, ScanFields response, list unowned, dict holders,
+                         list to_index) except -1:
+        """``ResponseScan._learn_from``: index the output's private k-grams; count the
+        use of text other requests hold now, and queue the rest for the output's end."""
+        cdef list count_now = [fp for fp in unowned if fp in holders] if holders else []
+        if count_now:
+            response._count_holders(count_now, holders)
+            response.engine._count_use(response.tenant, count_now, response._now)
+            response._to_count.extend([fp for fp in unowned if fp not in holders])
+        else:
+            response._to_count.extend(unowned)
+        self.index.add_many(to_index, (response.slot << 1) | 1, response._now)
+        return 0
+
+    cdef list _fragment_findings(self, ScanFields response, ChoiceColumns state, choice,
+                                 set touched):
+        """``ResponseScan._fragment_findings``: the runs ``touched`` that are evidence
+        (``_enough``), each reported once per source tenant by the Python
+        ``_fragment_finding``, in the set's order."""
+        if not touched:
+            return []
+        cdef list found = []
+        for value in touched:
+            run = state.runs[value]
+            record = self.requests.get(value >> 1)
+            if record is None or not self._enough(state, run, value & 1):
+                continue
+            finding = response._fragment_finding(state, choice, run, record)
+            if finding is not None:
+                found.append(finding)
+        if found:
+            response.findings.extend(found)
+        return found
+
+    cdef bint _enough(self, ChoiceColumns state, Run run, bint of_output) except -1:
+        """``ResponseScan._enough``: whether a foreign prompt's or output's coverage of
+        this choice is evidence (its docstring says when)."""
+        cdef long threshold = self.run_threshold
+        if of_output:
+            for i in run.specific:
+                if state._tied(i):
+                    break
+            else:
+                return False  # no unit ties the foreign output to its exchange
+        cdef double factor = self.plain_output_factor if of_output else self.plain_run_factor
+        if factor and run.best >= threshold * factor:
+            return True
+        if run.best >= threshold and state._distinctive(run.best_start, run.best_end + 1):
+            return True
+        cdef list cum = state.cumulative
+        cdef Py_ssize_t span = <Py_ssize_t>cum[run.end + 1] - <Py_ssize_t>cum[run.first]
+        if run.covered < 2 * threshold:
+            return False
+        if self.exclusive and run.kgrams >= self.exclusive * state.private_kgrams:
+            return True  # nearly all of this answer's uncommon text is one request's
+        if run.covered < self.containment * span:
+            return False
+        return len(run.distinct_units) >= 2 or (
+            self.plain_cover_factor > 0 and run.covered >= threshold * self.plain_cover_factor
+        )
+
     cdef bint _only_tenant_holds(self, response, fp) except -1:
         """Every request that holds ``fp`` is this response's tenant's and in the window
         (``ResponseScan._source_record``): then no value of it is foreign
@@ -1052,11 +1342,13 @@ cdef class DeltaScanner:
         (``Engine._classify``'s ``unowned``)."""
         cdef tuple values = self.index.lookup([fp])[0]
         if not values or len(values) >= 64:
-            return False  # kept for the Python scan: rare, and not private there
-        tenant = response.tenant
+            return False  # kept for the slow path: rare, and not private there
+        tenant = (<ScanFields>response).tenant
+        cdef double horizon = (<ScanFields>response)._now - self.window_seconds
+        cdef RequestRecord record
         for value in values:
-            record = response._source_record(value >> 1)
-            if record is None or record.tenant != tenant:
+            record = self.requests.get(value >> 1)
+            if record is None or record.time < horizon or record.tenant != tenant:
                 return False
         return True
 
@@ -1082,8 +1374,9 @@ cdef class DeltaScanner:
 cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
                      EntityIndexFields entity_index, EngineClock clock):
     """``ScanFields.feed`` once its choice's state is found: ``scanner``'s fragment
-    step (``DeltaScanner``, or ``detector.PythonDeltaScanner``), the Python scan when the
-    step hands k-grams back, the entity scan, and the record of the feed (the units so
+    step (``DeltaScanner``, or ``detector.PythonDeltaScanner``), the slow path when the
+    step hands k-grams back (``DeltaScanner.scan_kgrams``, or the Python
+    ``ResponseScan._scan_kgrams``), the entity scan, and the record of the feed (the units so
     far, the next of ``clock``'s sequence numbers). Returns the findings. Python runs
     only when a step meets something: a k-gram another tenant holds that is not common
     yet, an entity, a pending key."""
@@ -1091,7 +1384,14 @@ cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
         step = (<DeltaScanner>scanner).step(response, state, delta)
     else:
         step = scanner.scan(response, state, delta)
-    cdef list found = [] if step is None else response._scan_kgrams(state, choice, *step)
+    cdef list found
+    if step is None:
+        found = []
+    elif type(scanner) is DeltaScanner:
+        found = (<DeltaScanner>scanner)._scan_kgrams(response, state, choice, step[0], step[1],
+                                                     False)
+    else:
+        found = response._scan_kgrams(state, choice, *step)
     entities = state.entities
     if entities is not None:
         if entity_index.pending:

@@ -27,7 +27,7 @@ import os
 import time
 from collections import Counter, deque
 from collections.abc import Generator, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate, islice
 
 import numpy as np
@@ -119,26 +119,6 @@ class Finding:
     choice: int = 0
     evidence: str = ""  # keyed hash of the matched fingerprints or entity
     detected_at: int = 0  # characters of that choice's output scanned when it was made
-
-
-@dataclass(slots=True)
-class _Run:
-    """Coverage of one victim choice by one foreign request's fingerprints."""
-
-    start: int = -1  # unit index of the current run
-    end: int = -1  # last unit covered
-    best: int = 0  # weight of the best contiguous run
-    best_start: int = 0
-    best_end: int = 0
-    covered: int = 0  # total weight covered
-    fingerprints: list[int] = field(default_factory=list)
-    distinct_units: set[int] = field(default_factory=set)
-    first: int = -1  # first unit ever covered
-    kgrams: int = 0  # k-grams matched
-    # Covered units that may tie a foreign output to its exchange: a number, or a
-    # non-plain word of the source's own prompt (up to 8; ``_ChoiceState.tied`` decides,
-    # once the units around them have arrived).
-    specific: set[int] = field(default_factory=set)
 
 
 class Engine(_core.EngineClock):
@@ -240,6 +220,9 @@ class Engine(_core.EngineClock):
                 unit_batch,
                 is_specific_number,
                 WORD_WEIGHT,
+                requests=self._requests,
+                config=self.config,
+                no_units=_NO_UNITS,
             )
         return self._delta_scanner
 
@@ -541,6 +524,7 @@ class PythonDeltaScanner:
         corpus: np.ndarray,
         common_tenants: int,
         *_rest: object,
+        **_options: object,
     ) -> None:
         self.sketch, self.index, self.baseline, self.corpus = sketch, index, baseline, corpus
         self.common_tenants = common_tenants
@@ -800,8 +784,13 @@ class ResponseScan(_core.ScanFields):
         self, state: _ChoiceState, choice: int, first: int, fps: list[int], *, final: bool = False
     ) -> list[Finding]:
         """Classify and match the k-grams the newest units completed (the first at unit
-        ``first``), then learn from them: the fragment scan proper."""
+        ``first``), then learn from them: the fragment scan proper. Compiled
+        (``_core.DeltaScanner.scan_kgrams``) unless the engine winnows; this Python is
+        what the compiled one is held to."""
         engine = self.engine
+        scanner = engine._delta_scanner or engine.delta_scanner()
+        if not isinstance(scanner, PythonDeltaScanner):
+            return scanner.scan_kgrams(self, state, choice, first, fps, final)
         new = list(enumerate(fps, first))
         winnower = state.winnower
         selected = new if winnower.w <= 1 else [s for i, fp in new if (s := winnower.push(i, fp))]
@@ -935,31 +924,37 @@ class ResponseScan(_core.ScanFields):
             record = self.engine._requests.get(value >> 1)
             if record is None or not self._enough(state, run, threshold, bool(value & 1)):
                 continue
-            if (FRAGMENT, record.tenant) in self._reported:
-                continue
-            self._reported.add((FRAGMENT, record.tenant))
-            total = state.cumulative[-1]
-            evidence = self.engine.hasher.digest(
-                b"".join(fp.to_bytes(8, "little") for fp in run.fingerprints)
-            )
-            found.append(
-                Finding(
-                    FRAGMENT,
-                    record.tenant,
-                    record.request_id,
-                    round(run.covered / total, 4) if total else 0.0,
-                    run.covered / 2,
-                    state.starts[run.best_start],
-                    state.ends[run.best_end],
-                    choice,
-                    evidence,
-                    state.ends[-1],
-                )
-            )
+            if (finding := self._fragment_finding(state, choice, run, record)) is not None:
+                found.append(finding)
         self.findings += found
         return found
 
-    def _enough(self, state: _ChoiceState, run: _Run, threshold: int, of_output: bool) -> bool:
+    def _fragment_finding(
+        self, state: _ChoiceState, choice: int, run: _core.Run, record: RequestRecord
+    ) -> Finding | None:
+        """The finding of a run that is evidence, unless its source tenant was reported
+        already (once per tenant and response)."""
+        if (FRAGMENT, record.tenant) in self._reported:
+            return None
+        self._reported.add((FRAGMENT, record.tenant))
+        total = state.cumulative[-1]
+        evidence = self.engine.hasher.digest(
+            b"".join(fp.to_bytes(8, "little") for fp in run.fingerprints)
+        )
+        return Finding(
+            FRAGMENT,
+            record.tenant,
+            record.request_id,
+            round(run.covered / total, 4) if total else 0.0,
+            run.covered / 2,
+            state.starts[run.best_start],
+            state.ends[run.best_end],
+            choice,
+            evidence,
+            state.ends[-1],
+        )
+
+    def _enough(self, state: _ChoiceState, run: _core.Run, threshold: int, of_output: bool) -> bool:
         """Whether a foreign prompt's or output's coverage of this choice is evidence.
 
         A contiguous run of ``min_run_words`` with a distinctive word; without one,
@@ -1053,35 +1048,21 @@ class ResponseScan(_core.ScanFields):
 
 class _ChoiceState(_core.ChoiceColumns):
     """Per-choice streaming state: tokenizer, shingler, unit offsets, coverage runs. The
-    columns every delta appends to are ``_core.ChoiceColumns``'s fields (tokenizer,
-    entities, hashes, numbers, weights, cumulative, starts, ends, batches, seqs,
-    private_kgrams), which the compiled steps write in place."""
+    columns every delta appends to, the coverage by foreign requests (``runs``) and
+    what judging it reads are ``_core.ChoiceColumns``'s fields, which the compiled steps
+    read and write in place; so are ``cover``, ``distinct``, ``specific``, ``tied`` and
+    ``distinctive`` (``reference`` holds their Python)."""
 
-    __slots__ = (
-        "winnower",
-        "runs",
-        "vocabulary",
-        "public_numbers",
-        "exchange_555",
-        "complete",
-        "own_units",
-        "matches",
-        "extracted",
-        "texts",
-        "chars",
-        "finished",
-    )
+    __slots__ = ("winnower", "matches", "extracted", "texts", "chars", "finished")
 
     def __init__(self, engine: Engine, own_units: frozenset[int] = frozenset()) -> None:
         super().__init__(
             StreamTokenizer(), EntityScanner(engine.entities) if engine.config.entities else None
         )
         self.winnower = StreamWinnower(engine.config.winnow_window)
-        self.runs: dict[int, _Run] = {}
-        self.vocabulary = engine.vocabulary
+        self.plain = engine.vocabulary.plain
         self.public_numbers = engine.public_numbers
         self.exchange_555 = engine.exchange_555
-        self.complete = False  # the last unit of the choice has arrived
         self.own_units = own_units
         # For the keyed record: entity matches with the feed they came in, entities
         # extracted at the end (and their folded texts).
@@ -1112,69 +1093,6 @@ class _ChoiceState(_core.ChoiceColumns):
         self.cumulative.extend(islice(accumulate(weights, initial=self.cumulative[-1]), 1, None))
         first = max(0, before - k + 1)
         return first, self.hashes[first:]
-
-    def distinct(self, i: int) -> bool:
-        """Unit ``i`` is a specific number or a word few tenants use, and not one the
-        victim's own prompt holds (two tenants' code from the same template differs by
-        the names each one gave it)."""
-        unit = self.hashes[i]
-        return unit not in self.own_units and (
-            self.numbers[i] or not self.vocabulary.is_plain(unit)
-        )
-
-    def specific(self, i: int, prompt_units: np.ndarray) -> bool:
-        """Unit ``i`` ties a foreign output to its own exchange: a specific number (not one
-        public by convention, such as a test card's digits), or a non-plain word of that
-        exchange's prompt; and not a unit of the victim's own prompt (which explains it)."""
-        unit = self.hashes[i]
-        if unit in self.own_units:
-            return False
-        if self.numbers[i]:
-            return unit not in self.public_numbers
-        return _core.sorted_contains(prompt_units, unit)
-
-    def tied(self, i: int) -> bool:
-        """A candidate of ``specific`` still stands with the units around it: a number
-        next to the fictional 555 exchange (an area code, a line) is a placeholder's."""
-        if not self.numbers[i]:
-            return True
-        if i + 1 >= len(self.hashes) and not self.complete:
-            return False  # undecided until the next unit (or the end) arrives
-        return self.exchange_555 not in self.hashes[max(0, i - 1) : i + 2]
-
-    def distinctive(self, start: int, stop: int) -> bool:
-        return any(self.distinct(i) for i in range(start, stop))
-
-    def cover(
-        self, source: int, index: int, k: int, fp: int, specific_to: np.ndarray | None = None
-    ) -> None:
-        """Mark units ``index .. index+k-1`` as matching ``source`` (an index value);
-        ``specific_to``: the source's prompt units, when the source is an output."""
-        run = self.runs.get(source)
-        if run is None:
-            run = self.runs[source] = _Run()
-        last = index + k - 1
-        cum = self.cumulative
-        starts_run = run.start < 0 or index > run.end + 1
-        first_new = index if starts_run else max(run.end + 1, index)
-        if starts_run:
-            run.start = index
-        if run.first < 0:
-            run.first = index
-        run.covered += cum[last + 1] - cum[first_new]
-        run.end = max(run.end, last)
-        if len(run.distinct_units) < 2:
-            run.distinct_units.update(i for i in range(first_new, last + 1) if self.distinct(i))
-        if specific_to is not None and len(run.specific) < 8:
-            run.specific.update(
-                i for i in range(first_new, last + 1) if self.specific(i, specific_to)
-            )
-        weight = cum[run.end + 1] - cum[run.start]
-        if weight > run.best:
-            run.best, run.best_start, run.best_end = weight, run.start, run.end
-        run.kgrams += 1
-        if len(run.fingerprints) < 64:
-            run.fingerprints.append(fp)
 
 
 def is_specific_number(unit: str) -> bool:
