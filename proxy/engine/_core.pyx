@@ -15,6 +15,7 @@ from cpython.unicode cimport Py_UNICODE_ISDIGIT, PyUnicode_READ_CHAR, PyUnicode_
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cdef extern from "Python.h":
     void PyObject_GC_UnTrack(void*)
@@ -1394,7 +1395,7 @@ cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
         found = response._scan_kgrams(state, choice, *step)
     entities = state.entities
     if entities is not None:
-        if entity_index.pending:
+        if entity_index.pending and entity_index.rebuild_due():
             entity_index.maybe_rebuild()
         matches = (<EntityFeed>entities).feed(delta)
         if matches:  # most deltas meet no entity
@@ -1419,16 +1420,31 @@ cdef bint owned_by(dict requests, str tenant, values) except -1:
 
 cdef class EntityIndexFields:
     """What every delta's entity step reads of ``entities.EntityIndex``, as fields: the
-    automata's generation, the keys not in an automaton yet, the longest key."""
+    automata's generation, the keys not in an automaton yet, the longest key, and when
+    the automata may be rebuilt next (``maybe_rebuild``: at most every
+    ``rebuild_interval`` seconds of ``time.monotonic()``, or at 256 pending keys)."""
 
     cdef public long generation
     cdef public list pending
     cdef public Py_ssize_t longest
+    cdef public double _last_rebuild
+    cdef public double rebuild_interval
 
-    def __init__(self, Py_ssize_t longest):
+    def __init__(self, Py_ssize_t longest, double rebuild_interval):
         self.generation = 0
         self.pending = []  # (id, text) not in an automaton yet
         self.longest = longest
+        self._last_rebuild = 0.0
+        self.rebuild_interval = rebuild_interval
+
+    cdef bint rebuild_due(self) noexcept:
+        """``maybe_rebuild`` would rebuild now. Asked on every delta while keys are
+        pending (most deltas, under load): a Python call each was a tenth of a delta."""
+        cdef timespec now
+        if len(self.pending) >= 256:
+            return True
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return now.tv_sec + now.tv_nsec * 1e-9 - self._last_rebuild >= self.rebuild_interval
 
 
 cdef class EntityFeed:

@@ -267,18 +267,17 @@ class EntityIndex(EntityIndexFields):
     """
 
     def __init__(self, *, recent_max: int = 4096, rebuild_interval: float = 0.2) -> None:
-        # generation, pending (id, text) not in an automaton yet, longest: fields of
-        # _core.EntityIndexFields, which every delta's entity step reads.
-        super().__init__(MIN_ENTITY_CHARS)
+        # generation, pending (id, text) not in an automaton yet, longest, _last_rebuild,
+        # rebuild_interval: fields of _core.EntityIndexFields, which every delta's entity
+        # step reads.
+        super().__init__(MIN_ENTITY_CHARS, rebuild_interval)
         self.table: dict[str, EntityOwner] = {}
         self._texts: dict[str, str] = {}  # id -> folded text, for the automata
         self._by_time: deque[tuple[float, str, str]] = deque()  # (time, id, tenant)
         self.recent_max = recent_max
-        self.rebuild_interval = rebuild_interval
         self.base: ahocorasick.Automaton | None = None
         self.recent: ahocorasick.Automaton | None = None
         self._recent: list[tuple[str, str]] = []
-        self._last_rebuild = 0.0
 
     def add(
         self,
