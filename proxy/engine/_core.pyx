@@ -667,6 +667,7 @@ cdef class ScanFields:
     cdef public object _now
     cdef public list _to_count
     cdef public str tenant
+    cdef public dict _similar  # slot -> asked (nearly) the same as this one
 
     def __init__(self, EngineClock engine not None, slot, now):
         self.engine = engine
@@ -674,6 +675,7 @@ cdef class ScanFields:
         self.slot = slot
         self._now = now
         self._to_count = []
+        self._similar = {}
 
     def feed(self, str delta, choice=0, now=None):
         """Scan one output delta of ``choice``; returns the findings it completed."""
@@ -1253,8 +1255,12 @@ cdef class DeltaScanner:
             record = self.requests.get(value >> 1)
             if record is None or record.time < horizon:
                 continue  # expired
-            if value & 1 and response._same_question(value >> 1):
-                return []  # the answer to the same question: explained, whoever else has it
+            if value & 1:
+                same = response._similar.get(value >> 1)  # asked before: no Python call
+                if same is None:
+                    same = response._same_question(value >> 1)
+                if same:
+                    return []  # the answer to the same question: explained, whoever has it
             tenants.add(record.tenant)
             foreign.append(value)
         if response.tenant in tenants or len(tenants) >= self.common_tenants:

@@ -580,9 +580,10 @@ class ResponseScan(_core.ScanFields):
         #: Unit hashes of this request's own prompt: a name or number the victim wrote
         #: itself explains its answer, so it does not make a foreign match distinctive.
         self.own_units = frozenset(prompt.units.tolist())
-        # engine, _choices (choice -> _ChoiceState), slot, _now and _to_count (output
-        # fingerprints to count in the sketch at the end): fields of _core.ScanFields,
-        # which every delta's step reads.
+        # engine, _choices (choice -> _ChoiceState), slot, _now, _to_count (output
+        # fingerprints to count in the sketch at the end) and _similar (slot -> asked
+        # the same as this one): fields of _core.ScanFields, which every delta's step
+        # reads.
         super().__init__(engine, slot, prompt.time)
         self.findings: list[Finding] = []
         self._reported: set[tuple[str, str]] = set()  # (kind, source tenant)
@@ -590,7 +591,6 @@ class ResponseScan(_core.ScanFields):
         # ... of which only answers to the same question held them: the model's answer
         # again, which this output shares with them (it renews the entity's life).
         self._echoed_entities: set[str] = set()
-        self._similar: dict[int, bool] = {}  # slot -> asked (nearly) the same as this one
         self.finished = False
 
     def _met_entities(
