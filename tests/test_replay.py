@@ -329,8 +329,29 @@ def test_har_and_jsonl_forms_of_the_capture_replay_to_the_same_leaks(captured):
         assert abs(len(j.right_source) - len(j_live.right_source)) <= 1
         # Two tenants' first requests, streaming at once and leaking into each other, can
         # swap who was first: up to 4 differing findings a pair (kind x direction); one
-        # clean-clone run of 2026-12-01 had 4 of 30-odd live findings, over the old 3.
-        assert len(differ) <= max(6, len(live) // 10), (path.name, sorted(differ))
+        # clean-clone run of 2026-12-01 had 4 of 30-odd live findings, over the old 3,
+        # and one CI run beside a sanitized test run and valgrind (2026-12-02) two such
+        # pairs, 8 of ~40. Whatever their number, a difference is only ever between
+        # streams that ran at once: the paced replay cannot know their live order.
+        assert all(concurrent(flows, victim, source) for victim, source, _ in differ), (
+            path.name, sorted(differ))  # fmt: skip
+        assert len(differ) <= max(8, len(live) // 5), (path.name, sorted(differ))
+
+
+def concurrent(flows: list[http.HTTPFlow], victim: str, source_tenant: str) -> bool:
+    """Request ``victim`` streamed while some request of ``source_tenant`` did."""
+    answered = [f for f in flows if f.response is not None]
+    spans = {
+        f.request.headers["X-Request-ID"]: (f.request.timestamp_start, f.response.timestamp_end)
+        for f in answered
+    }
+    start, end = spans[victim]
+    return any(
+        f.request.headers["X-Tenant-ID"] == source_tenant
+        and f.request.timestamp_start < end
+        and f.response.timestamp_end > start
+        for f in answered
+    )
 
 
 def tenant_keys(events: list[dict]) -> set[tuple[str, str, str]]:
