@@ -227,7 +227,7 @@ def test_the_compiled_classification_is_the_python_one(monkeypatch):
         got = python_classify(engine, tenant, fps)
         compiled = compiled_scanner(
             engine.hasher, engine.sketch, engine.index, engine.baseline,
-            engine.baseline_sorted, engine.config.common_tenants, unit_batch, None, 2,
+            engine.baseline_sorted, unit_batch, None, 2,
             requests=engine._requests, config=engine.config, no_units=np.zeros(0, np.uint64),
         )  # fmt: skip
         assert got == compiled.classify(engine._requests, tenant, fps)

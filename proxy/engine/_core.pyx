@@ -971,7 +971,7 @@ cdef class DeltaScanner:
     cdef double plain_output_factor, plain_run_factor, plain_cover_factor
     cdef double exclusive, containment
 
-    def __init__(self, hasher, sketch, index, set baseline, corpus, int threshold,
+    def __init__(self, hasher, sketch, index, set baseline, corpus,
                  unit_batch, specific_number, int word_weight, *, dict requests, config,
                  no_units, int short_word_bits=16):
         self.cache = hasher._cache
@@ -985,7 +985,7 @@ cdef class DeltaScanner:
         for r in range(self.depth):
             self.seeds[r] = <uint64_t>sketch._seed_ints[r]
         self.mask, self.width = sketch._mask_int, sketch._width
-        self.common_tenants = threshold
+        self.common_tenants = config.common_tenants
         self.index = index
         self.baseline = baseline
         self.corpus = corpus

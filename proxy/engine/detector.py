@@ -216,7 +216,6 @@ class Engine(_core.EngineClock):
                 self.index,
                 self.baseline,
                 self.baseline_sorted,
-                self.config.common_tenants,
                 unit_batch,
                 is_specific_number,
                 WORD_WEIGHT,
@@ -522,12 +521,12 @@ class PythonDeltaScanner:
         index: FingerprintIndex,
         baseline: set[int],
         corpus: np.ndarray,
-        common_tenants: int,
         *_rest: object,
+        config: EngineConfig,
         **_options: object,
     ) -> None:
         self.sketch, self.index, self.baseline, self.corpus = sketch, index, baseline, corpus
-        self.common_tenants = common_tenants
+        self.common_tenants = config.common_tenants
 
     def classify(
         self, requests: dict[int, RequestRecord], tenant: str, fps: list[int]

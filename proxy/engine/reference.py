@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from proxy.engine._core import Run
 from proxy.engine.entities import _ASTRAL, EntityScanner, fold
 from proxy.engine.fingerprint import _MASK, _PRIME, _mix64
 
@@ -208,8 +209,6 @@ def cover(
     self, source: int, index: int, k: int, fp: int, specific_to: np.ndarray | None = None
 ) -> None:
     """``ChoiceColumns.cover``."""
-    from proxy.engine._core import Run
-
     run = self.runs.get(source)
     if run is None:
         run = self.runs[source] = Run()
