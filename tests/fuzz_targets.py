@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from proxy.config import ConfigError, load_text
 from proxy.forensics import pyrepr
 from proxy.forensics.gateway_logs import litellm_record
+from proxy.forensics.inputs import InputError
 from proxy.forensics.readers import jsonl_record, open_input, read_records
 from proxy.protocols import ProtocolError, Route
 from proxy.protocols.chat_templates import split_turns
@@ -187,14 +188,19 @@ def _mutated_lines(fmt: str) -> st.SearchStrategy[bytes]:
 
 
 def _read_file(fmt: str) -> Callable[[bytes], None]:
-    """A whole file through a reader: it skips what it cannot read, never raises."""
+    """A whole file through a reader: it skips what it cannot read, never raises. Opening
+    it may refuse the whole file the documented way (``InputError``: a file that starts
+    with gzip's magic bytes but is no gzip stream, say)."""
 
     def run(data: bytes) -> None:
         fd, name = tempfile.mkstemp(prefix="crosstalk-fuzz-")
         try:
             os.write(fd, data)
             os.close(fd)
-            source = open_input(name, fmt)
+            try:
+                source = open_input(name, fmt)
+            except InputError:
+                return
             try:
                 for _ in read_records(source, lambda skipped: None):
                     pass
