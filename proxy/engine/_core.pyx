@@ -10,6 +10,7 @@ garbage collector does not walk (issue 16's GC target).
 """
 
 cimport cython
+from cpython.dict cimport PyDict_SetDefaultRef
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
 from cpython.unicode cimport Py_UNICODE_ISDIGIT, PyUnicode_READ_CHAR, PyUnicode_Substring
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
@@ -1370,8 +1371,8 @@ cdef class DeltaScanner:
             self.index.add_many(fps, value, now)
             return 0
         for item in fps:
-            if item not in hot:  # else the same k-gram twice in one delta
-                hot[item] = value
+            # One probe: stored unless the same k-gram came twice in this delta.
+            if PyDict_SetDefaultRef(hot, item, value, NULL) == 0:
                 count += 1
         index._hot_count = count
         index._hot_newest = now
@@ -1403,7 +1404,7 @@ cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
     if entities is not None:
         if entity_index.pending and entity_index.rebuild_due():
             entity_index.maybe_rebuild()
-        matches = (<EntityFeed>entities).feed(delta)
+        matches = (<EntityFeed>entities)._feed(delta)
         if matches:  # most deltas meet no entity
             found += response._met_entities(state, choice, matches)
     state.batches.append(len(state.hashes))
@@ -1467,6 +1468,8 @@ cdef class EntityFeed:
     cdef public str _tail
     cdef public object _generation
     cdef public list _iterators
+    cdef list _setters  # the bound ``set`` of each of ``_iterators``
+    cdef list _iterators_set  # the ``_iterators`` that ``_setters`` belong to
     cdef public list _undecided
     cdef public set _seen
     cdef object _fold
@@ -1480,10 +1483,17 @@ cdef class EntityFeed:
         PyObject_GC_UnTrack(<void*>self._raw)
         self._generation = -1
         self._iterators, self._undecided, self._seen = [], [], set()
+        self._setters, self._iterators_set = [], None
         self._fold, self._astral_sub = fold, astral_sub
 
-    cpdef list feed(self, str delta):
+    def feed(self, str delta):
         """Returns confirmed ``(start, end, entity id)`` matches, offsets into the stream."""
+        found = self._feed(delta)
+        return [] if found is None else found
+
+    cdef list _feed(self, str delta):
+        """``feed``, or None when it confirms nothing (most deltas: no list to make).
+        Not ``cpdef``: a Python subclass makes every cpdef call look the method up."""
         self._raw.append(delta)
         if PyUnicode_IS_ASCII(delta):
             if has_ascii_upper(delta):  # most deltas have no capital: no copy
@@ -1491,27 +1501,32 @@ cdef class EntityFeed:
         else:
             delta = self._astral_sub("\ufffd", self._fold(delta))
         if not delta:
-            return []
+            return None
         cdef Py_ssize_t base = self._length, origin, end, longest, start, window_base
         self._text.append(delta)
         self._length += len(delta)
-        cdef list candidates = []
+        cdef list candidates = None
         cdef EntityIndexFields index = self._index
-        if self._generation != index.generation:
+        if self._generation != index.generation or self._iterators is not self._iterators_set:
             # Automata swapped: new iterators, primed with the tail so that an entity
             # cut by the swap is still found.
             self._generation = index.generation
             origin = base - len(self._tail)
             self._iterators = [(a.iter(self._tail + delta), origin) for a in index.automata()]
+            # Their bound ``set`` methods, for the next deltas: no lookup by name each.
+            self._setters = [it.set for it, _ in self._iterators]
+            self._iterators_set = self._iterators
         else:
-            for it, _ in self._iterators:
-                it.set(delta, False)
+            for set_text in self._setters:
+                set_text(delta, False)
         for it, origin_obj in self._iterators:
             origin = origin_obj
             # A continued iterator counts positions over all the input it was given.
             for end_obj, (entity_id, text) in it:
                 end = end_obj
                 if origin + end + 1 > base:
+                    if candidates is None:
+                        candidates = []
                     candidates.append((origin + end + 1, entity_id, text))
         cdef str window = self._tail + delta
         cdef list pending = index.pending
@@ -1522,13 +1537,15 @@ cdef class EntityFeed:
                 while start != -1:
                     end = window_base + start + len(key)
                     if end > base:
+                        if candidates is None:
+                            candidates = []
                         candidates.append((end, entity_id, key))
                     start = window.find(key, start + 1)
         longest = index.longest
         self._tail = window[len(window) - min(longest - 1, len(window)):] if longest > 1 else ""
-        if not candidates and not self._undecided:
-            return []  # most deltas: nothing to confirm
-        return self._confirm(candidates, final=False)
+        if candidates is None and not self._undecided:
+            return None  # most deltas: nothing to confirm
+        return self._confirm([] if candidates is None else candidates, final=False)
 
 
 # --- records of the window, out of the garbage collector's sight --------------------------

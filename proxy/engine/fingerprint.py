@@ -33,7 +33,7 @@ def _mix64(x: int) -> int:
 class Hasher:
     """Keyed 64-bit hashes of units and k-grams. Not thread-safe (unit cache)."""
 
-    __slots__ = ("key", "key_id", "k", "_cache")
+    __slots__ = ("key", "key_id", "k", "_cache", "_keyed")
 
     def __init__(self, key: bytes, k: int) -> None:
         if not 16 <= len(key) <= 64:
@@ -45,14 +45,18 @@ class Hasher:
         #: Identifies the key in journals and logs without revealing it.
         self.key_id = hashlib.blake2b(b"crosstalk-key-id", key=key, digest_size=6).hexdigest()
         self._cache: dict[str, int] = {}
+        # The key block compressed once: a copy of this state hashes a unit for 60% of
+        # the cost of a new keyed blake2b, the same digest (a word the caches miss).
+        self._keyed = hashlib.blake2b(key=key, digest_size=8)
 
     def unit(self, text: str) -> int:
         h = self._cache.get(text)
         if h is None:
             if len(self._cache) >= _UNIT_CACHE_LIMIT:
                 self._cache.clear()
-            digest = hashlib.blake2b(text.encode(), key=self.key, digest_size=8).digest()
-            h = self._cache[text] = int.from_bytes(digest, "little")
+            state = self._keyed.copy()
+            state.update(text.encode())
+            h = self._cache[text] = int.from_bytes(state.digest(), "little")
         return h
 
     def units(self, texts: Sequence[str]) -> list[int]:
