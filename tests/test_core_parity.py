@@ -487,7 +487,8 @@ def test_the_compiled_entity_feed_is_the_reference_one(text, cuts, swap_at, seed
     with entities (upper case, cut mid-entity, next to CJK and astral characters), with
     keys pending and the automata swapped mid-stream."""
     rng = random.Random(seed)
-    index = EntityIndex(rebuild_interval=0.0)
+    # A small recent_max rebuilds the base automaton (and its prefilter) from scratch.
+    index = EntityIndex(rebuild_interval=0.0, recent_max=rng.choice([2, 4096]))
     for i, key in enumerate(ENTITY_TEXTS):
         index.add(f"id{i}", "entity", "t", 2, 1.0, text=key)
         if rng.random() < 0.5:
@@ -506,6 +507,29 @@ def test_the_compiled_entity_feed_is_the_reference_one(text, cuts, swap_at, seed
         for name in ("_text", "_raw", "_length", "_tail", "_undecided", "_seen", "_generation"):
             assert getattr(compiled, name) == getattr(python, name), name
     assert compiled.finish() == python.finish()
+
+
+def test_the_entity_prefilter_passes_key_ends_and_little_else():
+    """The automata run for a delta only when a key may end in it: a key's last
+    characters pass (also when the key began in the tail), prose does not, and a
+    rebuild from scratch forgets the keys it drops."""
+    index = EntityIndex(rebuild_interval=0.0)
+    for i, key in enumerate(ENTITY_TEXTS):
+        index.add(f"id{i}", "entity", "t", 2, 1.0, text=key)
+    assert not index.may_end_in("maria.jensen@kestrel.no", 0)  # pending: found by find
+    index.maybe_rebuild(now=2.0)
+    prose = "the quarterly report is due on friday, please send it to the team "
+    assert not index.may_end_in(prose, 0)
+    for key in ENTITY_TEXTS:
+        window = "see " + key
+        assert index.may_end_in(window, len(window) - 1), key  # only its last character new
+        assert not index.may_end_in(window, len(window))  # nothing new: nothing to run
+    index.clear_finals()
+    index.add_finals(["a1b2c3d4"])
+    assert not index.may_end_in("see maria.jensen@kestrel.no", 0)
+    assert index.may_end_in("id a1b2c3d4", 0)
+    index.add_finals(["q1"])  # too short to hash: every delta runs the automata
+    assert index.may_end_in(prose, 0)
 
 
 @settings(max_examples=100, deadline=None)

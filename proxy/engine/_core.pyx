@@ -12,7 +12,9 @@ garbage collector does not walk (issue 16's GC target).
 cimport cython
 from cpython.dict cimport PyDict_SetDefaultRef
 from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
-from cpython.unicode cimport Py_UNICODE_ISDIGIT, PyUnicode_READ_CHAR, PyUnicode_Substring
+from cpython.unicode cimport (
+    Py_UNICODE_ISDIGIT, PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR, PyUnicode_Substring,
+)
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from libc.string cimport memset
@@ -1425,17 +1427,83 @@ cdef bint owned_by(dict requests, str tenant, values) except -1:
 # --- the entity scan's per-delta step --------------------------------------------------
 
 
+cdef enum:
+    FINAL_GRAM = 4  # characters of a key's end that the prefilter hashes
+    FINAL_BITS = 20  # a 128 KiB bitmap: ~1% of its bits set by 10,000 keys
+
+
+cdef inline uint64_t final_gram(int kind, const void* data, Py_ssize_t end) noexcept:
+    """The bitmap index of the ``FINAL_GRAM`` characters that end at ``end``."""
+    cdef uint64_t h = 0
+    cdef Py_ssize_t i
+    for i in range(end - FINAL_GRAM + 1, end + 1):
+        h = h * 0x100003ULL + <uint64_t>PyUnicode_READ(kind, <void*>data, i)
+    return mix64(h) >> (64 - FINAL_BITS)
+
+
 cdef class EntityIndexFields:
     """What every delta's entity step reads of ``entities.EntityIndex``, as fields: the
     automata's generation, the keys not in an automaton yet, the longest key, and when
     the automata may be rebuilt next (``maybe_rebuild``: at most every
-    ``rebuild_interval`` seconds of ``time.monotonic()``, or at 256 pending keys)."""
+    ``rebuild_interval`` seconds of ``time.monotonic()``, or at 256 pending keys).
+
+    Also a prefilter of the automata: a bit per hash of the last ``FINAL_GRAM``
+    characters of every key they hold (``add_finals``; ``clear_finals`` when they are
+    rebuilt whole). A delta in which no such tail ends meets no key of theirs, and
+    most deltas are such: they skip the automata."""
 
     cdef public long generation
     cdef public list pending
     cdef public Py_ssize_t longest
     cdef public double _last_rebuild
     cdef public double rebuild_interval
+    cdef unsigned char* finals
+    cdef bint short_keys  # a key shorter than FINAL_GRAM: no prefilter
+
+    def __cinit__(self, *args, **kwargs):
+        self.finals = <unsigned char*>calloc(1 << (FINAL_BITS - 3), 1)
+        if self.finals == NULL:
+            raise MemoryError()
+
+    def __dealloc__(self):
+        free(self.finals)
+
+    def add_finals(self, texts):
+        """Mark the ends of ``texts``, keys that go into an automaton."""
+        cdef str text
+        cdef Py_ssize_t n
+        cdef uint64_t bit
+        for text in texts:
+            n = len(text)
+            if n < FINAL_GRAM:
+                self.short_keys = True
+                continue
+            bit = final_gram(PyUnicode_KIND(text), PyUnicode_DATA(text), n - 1)
+            self.finals[bit >> 3] |= 1 << (bit & 7)
+
+    def clear_finals(self):
+        """Forget every mark: the automata are being rebuilt from ``add_finals``' keys."""
+        memset(self.finals, 0, 1 << (FINAL_BITS - 3))
+        self.short_keys = False
+
+    def may_end_in(self, str window, Py_ssize_t start):
+        """``_may_end_in``, for tests."""
+        return self._may_end_in(window, start)
+
+    cdef bint _may_end_in(self, str window, Py_ssize_t start) noexcept:
+        """A key of the automata may end at ``window[start:]``: some ``FINAL_GRAM``
+        characters that end there end a key (or a key is too short to tell)."""
+        if self.short_keys:
+            return True
+        cdef int kind = PyUnicode_KIND(window)
+        cdef const void* data = PyUnicode_DATA(window)
+        cdef Py_ssize_t end
+        cdef uint64_t bit
+        for end in range(max(start, FINAL_GRAM - 1), PyUnicode_GET_LENGTH(window)):
+            bit = final_gram(kind, data, end)
+            if (self.finals[bit >> 3] >> (bit & 7)) & 1:
+                return True
+        return False
 
     def __init__(self, Py_ssize_t longest, double rebuild_interval):
         self.generation = 0
@@ -1466,10 +1534,8 @@ cdef class EntityFeed:
     cdef public list _raw
     cdef public Py_ssize_t _length
     cdef public str _tail
-    cdef public object _generation
-    cdef public list _iterators
-    cdef list _setters  # the bound ``set`` of each of ``_iterators``
-    cdef list _iterators_set  # the ``_iterators`` that ``_setters`` belong to
+    cdef public long _generation
+    cdef public list _iterators  # the reference's (reference.entity_feed); not used here
     cdef public list _undecided
     cdef public set _seen
     cdef object _fold
@@ -1483,7 +1549,6 @@ cdef class EntityFeed:
         PyObject_GC_UnTrack(<void*>self._raw)
         self._generation = -1
         self._iterators, self._undecided, self._seen = [], [], set()
-        self._setters, self._iterators_set = [], None
         self._fold, self._astral_sub = fold, astral_sub
 
     def feed(self, str delta):
@@ -1502,36 +1567,26 @@ cdef class EntityFeed:
             delta = self._astral_sub("\ufffd", self._fold(delta))
         if not delta:
             return None
-        cdef Py_ssize_t base = self._length, origin, end, longest, start, window_base
+        cdef Py_ssize_t base = self._length, end, longest, start
         self._text.append(delta)
         self._length += len(delta)
         cdef list candidates = None
         cdef EntityIndexFields index = self._index
-        if self._generation != index.generation or self._iterators is not self._iterators_set:
-            # Automata swapped: new iterators, primed with the tail so that an entity
-            # cut by the swap is still found.
-            self._generation = index.generation
-            origin = base - len(self._tail)
-            self._iterators = [(a.iter(self._tail + delta), origin) for a in index.automata()]
-            # Their bound ``set`` methods, for the next deltas: no lookup by name each.
-            self._setters = [it.set for it, _ in self._iterators]
-            self._iterators_set = self._iterators
-        else:
-            for set_text in self._setters:
-                set_text(delta, False)
-        for it, origin_obj in self._iterators:
-            origin = origin_obj
-            # A continued iterator counts positions over all the input it was given.
-            for end_obj, (entity_id, text) in it:
-                end = end_obj
-                if origin + end + 1 > base:
-                    if candidates is None:
-                        candidates = []
-                    candidates.append((origin + end + 1, entity_id, text))
+        self._generation = index.generation  # the reference's iterators follow it
         cdef str window = self._tail + delta
+        cdef Py_ssize_t window_base = base - len(self._tail)
+        if index._may_end_in(window, len(self._tail)):
+            # A key that ends in this delta starts in the window: the tail keeps the
+            # last ``longest - 1`` characters. Matches that end before it were found.
+            for automaton in index.automata():
+                for end_obj, (entity_id, text) in automaton.iter(window):
+                    end = window_base + <Py_ssize_t>end_obj + 1
+                    if end > base:
+                        if candidates is None:
+                            candidates = []
+                        candidates.append((end, entity_id, text))
         cdef list pending = index.pending
         if pending:
-            window_base = base - len(self._tail)
             for entity_id, key in pending:
                 start = window.find(key)
                 while start != -1:

@@ -336,14 +336,17 @@ class EntityIndex(EntityIndexFields):
         if now - self._last_rebuild < self.rebuild_interval and len(self.pending) < 256:
             return
         self._last_rebuild = now
-        self._recent.extend(self.pending)
-        self.pending = []
+        moved, self.pending = self.pending, []
+        self._recent.extend(moved)
         if len(self._recent) > self.recent_max:
             self.base = _automaton(self._texts.items())
             self._recent = []
             self.recent = None
+            self.clear_finals()  # keys expired since the last base go with it
+            self.add_finals(self._texts.values())
         else:
             self.recent = _automaton(self._recent)
+            self.add_finals(text for _, text in moved)
         self.generation += 1
 
     def automata(self) -> list[ahocorasick.Automaton]:
@@ -364,10 +367,11 @@ def _automaton(entries: Iterable[tuple[str, str]]) -> ahocorasick.Automaton | No
 class EntityScanner(EntityFeed):
     """Scans one output stream (lowercased deltas) for live entities.
 
-    Each automaton's search iterator keeps its state across deltas; when the index
-    swaps automata, fresh iterators are primed with the last ``longest - 1`` characters
-    so that an entity cut by the swap is still found. Keys still pending (added since
-    the last rebuild) are searched in the tail directly. A match must stand on word
+    A delta is searched with the last ``longest - 1`` characters before it, so that an
+    entity cut across deltas (or by a swap of the automata) is still found; the automata
+    run only when some key's last characters end in it (``EntityIndexFields``'
+    prefilter), which most deltas fail. Keys still pending (added since the last
+    rebuild) are searched in that window directly. A match must stand on word
     boundaries (so ``12345678`` does not match inside ``9123456789``); a match that
     ends exactly at the end of the text so far is confirmed by the next delta or by
     ``finish``. ``feed`` is compiled (``_core.EntityFeed``; ``reference.entity_feed`` is
