@@ -28,6 +28,20 @@ cdef extern from "Python.h":
     void* PyUnicode_DATA(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
 
+cdef extern from *:
+    """
+    #define CROSSTALK_PREFETCH(p) __builtin_prefetch((const void*)(p), 0, 1)
+    #define CROSSTALK_PREFETCH_W(p) __builtin_prefetch((const void*)(p), 1, 1)
+    """
+    void prefetch "CROSSTALK_PREFETCH"(const void* p) noexcept nogil
+    void prefetch_w "CROSSTALK_PREFETCH_W"(const void* p) noexcept nogil
+
+# How many fingerprints ahead a loop over a large table (the sketch, the pair filter,
+# the vocabulary) asks for the cache lines it will touch: each fingerprint's are a
+# cache miss apart, and a loop that waits for one miss at a time runs at memory latency.
+cdef enum:
+    AHEAD = 8
+
 cdef uint64_t PRIME = 0x9E3779B97F4A7C15ULL
 
 
@@ -144,9 +158,30 @@ def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
     for r in range(depth):
         s[r] = <uint64_t>seeds[r]
     cdef list out = []
-    for item in fingerprints:
-        out.append(sketch_min(&flat[0], s, depth, mask, width, <uint64_t>item))
+    cdef Py_ssize_t n = len(fingerprints), i
+    for i in range(n):
+        if i + AHEAD < n:
+            sketch_prefetch(&flat[0], s, depth, mask, width, <uint64_t>fingerprints[i + AHEAD], False)
+        out.append(sketch_min(&flat[0], s, depth, mask, width, <uint64_t>fingerprints[i]))
     return out
+
+
+cdef inline Py_ssize_t sketch_cell(const uint64_t* seeds, Py_ssize_t r, uint64_t mask,
+                                   Py_ssize_t width, uint64_t fp) noexcept nogil:
+    """The cell of ``fp`` in row ``r``."""
+    return r * width + <Py_ssize_t>((((fp ^ seeds[r]) * 0xFF51AFD7ED558CCDULL) >> 29) & mask)
+
+
+cdef inline void sketch_prefetch(const unsigned short* flat, const uint64_t* seeds,
+                                 Py_ssize_t depth, uint64_t mask, Py_ssize_t width,
+                                 uint64_t fp, bint write) noexcept nogil:
+    """Ask for the cache lines of ``fp``'s cells (``AHEAD``)."""
+    cdef Py_ssize_t r
+    for r in range(depth):
+        if write:
+            prefetch_w(flat + sketch_cell(seeds, r, mask, width, fp))
+        else:
+            prefetch(flat + sketch_cell(seeds, r, mask, width, fp))
 
 
 cdef inline unsigned short sketch_min(const unsigned short* flat, const uint64_t* seeds,
@@ -156,7 +191,7 @@ cdef inline unsigned short sketch_min(const unsigned short* flat, const uint64_t
     cdef unsigned short low = 65535, cell
     cdef Py_ssize_t r
     for r in range(depth):
-        cell = flat[r * width + <Py_ssize_t>((((fp ^ seeds[r]) * 0xFF51AFD7ED558CCDULL) >> 29) & mask)]
+        cell = flat[sketch_cell(seeds, r, mask, width, fp)]
         if cell < low:
             low = cell
     return low
@@ -185,9 +220,12 @@ def sketch_increment(unsigned short[::1] flat, tuple seeds, uint64_t mask,
     cdef Py_ssize_t cell
     try:
         for i in range(n):
+            if i + AHEAD < n:
+                sketch_prefetch(&flat[0], s, depth, mask, width,
+                                <uint64_t>fingerprints[i + AHEAD], True)
             fp = <uint64_t>fingerprints[i]
             for r in range(depth):
-                cell = r * width + <Py_ssize_t>((((fp ^ s[r]) * 0xFF51AFD7ED558CCDULL) >> 29) & mask)
+                cell = sketch_cell(s, r, mask, width, fp)
                 if together:
                     cells[i * depth + r] = cell
                     counts[i * depth + r] = flat[cell]
@@ -220,8 +258,16 @@ def pair_first_seen(unsigned char[::1] current, const unsigned char[::1] previou
     cdef uint64_t fp, pair, a, b, c
     cdef unsigned char am, bm, cm
     cdef list new = []
-    for item in fingerprints:
-        fp = <uint64_t>item
+    cdef Py_ssize_t n = len(fingerprints), i
+    for i in range(n):
+        if i + AHEAD < n:  # a new pair reads its first bit in both, then writes three
+            pair = tenant_key ^ <uint64_t>fingerprints[i + AHEAD]
+            a = (pair * PAIR_MULTIPLIER) >> shift
+            prefetch(&previous[a >> 3])
+            prefetch_w(&current[a >> 3])
+            prefetch_w(&current[((pair + PAIR_STEP) * PAIR_MULTIPLIER) >> shift >> 3])
+            prefetch_w(&current[((pair + 2 * PAIR_STEP) * PAIR_MULTIPLIER) >> shift >> 3])
+        fp = <uint64_t>fingerprints[i]
         pair = tenant_key ^ fp
         a = (pair * PAIR_MULTIPLIER) >> shift
         b = ((pair + PAIR_STEP) * PAIR_MULTIPLIER) >> shift
@@ -544,10 +590,13 @@ cdef class WordUsers:
         if number >= self.bitset_tenants:
             raise ValueError("WordUsers.learn: the tenant's number is past the bitset's")
         cdef list by_name = []
-        cdef Py_ssize_t i
+        cdef Py_ssize_t i, at, n = len(units)
         cdef uint32_t users
         cdef uint64_t unit
-        for item in units:
+        for at in range(n):
+            if at + AHEAD < n:
+                prefetch(&self.table[mix64(<uint64_t>units[at + AHEAD]) & <uint64_t>(self.capacity - 1)])
+            item = units[at]
             if item in plain:
                 continue
             if named and item in named:
