@@ -21,7 +21,14 @@ from dataclasses import dataclass
 
 import ahocorasick
 
-from proxy.engine._core import EntityFeed, EntityIndexFields, EntityOwner, untracked
+from proxy.engine._core import (
+    ENTITY_NEEDS,
+    EntityFeed,
+    EntityIndexFields,
+    EntityOwner,
+    entity_needs,
+    untracked,
+)
 
 MIN_ENTITY_CHARS = 6
 # pyahocorasick 2.x crashes (segfault) when an iterator continued with set(..., False)
@@ -122,20 +129,17 @@ _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
 ]
 
 
-# What a text must contain for a kind's pattern to match at all: a cheaper test that
-# spares most texts the full pattern (exact: each is implied by the pattern).
-# Each starts with a literal or a character class, which the regex engine scans for
-# fast; the patterns' leading \b or look-behind make them try every position (the
-# phone pattern took 36-44 us a kilobyte of text that holds no phone number; its test 5-7).
-_NEEDS: dict[str, Callable[[str], object]] = {
-    "email": lambda text: "@" in text,
-    "url_secret": lambda text: "://" in text,
-    "api_key": re.compile(r"sk-|gh[pousr]_|AKIA|xox[abpr]-|AIza|eyJ", re.A).search,
-    "card": re.compile(r"\d(?:[ -]?\d){12}", re.A).search,
-    "phone": re.compile(r"\+\d|\(\d{3}\)").search,  # \d of any script, as the pattern's
-    "digit_id": re.compile(r"\d{7}", re.A).search,
-    "token": re.compile(r"[A-Za-z0-9_-]{24}").search,
-}
+# What a text must contain for a kind's pattern to match at all, found in one compiled
+# pass (``_core.entity_needs``: exact, each condition is implied by its pattern). Most
+# texts hold no entity of most kinds: their patterns, whose leading \b or look-behind
+# makes them try every position, never run (the phone pattern took 36-44 us a kilobyte
+# of text that holds no phone number).
+_NEEDS: dict[str, int] = ENTITY_NEEDS
+
+
+def needs(kind: str, text: str) -> bool:
+    """Whether ``kind``'s pattern can match in ``text`` (False: it cannot)."""
+    return bool(entity_needs(text) & _NEEDS[kind])
 
 
 # Strings shaped like entities that belong to nobody: what documentation, tutorials and
@@ -238,9 +242,9 @@ def extract_entities(text: str) -> list[Entity]:
     (``is_placeholder``) claim their span but are not returned: nobody owns them."""
     claimed: list[tuple[int, int]] = []
     found: list[Entity] = []
+    present = entity_needs(text)
     for kind, pattern, valid in _PATTERNS:
-        needs = _NEEDS.get(kind)
-        if needs is not None and not needs(text):
+        if not present & _NEEDS[kind]:
             continue
         for m in pattern.finditer(text):
             s, e = m.span()
