@@ -289,6 +289,58 @@ def test_sorted_membership_is_numpy_s(keys, others):
 
 
 @settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(16, 24))
+def test_bucket_marks_are_numpy_s(keys, bits):
+    """The generations' "maybe here" bitmaps: numpy's ``bitwise_or.at`` they replaced."""
+    array = np.array(keys, dtype=np.uint64)
+    shift = 64 - bits
+    expected = np.zeros((1 << bits) // 8, dtype=np.uint8)
+    buckets = (array >> np.uint64(shift)).astype(np.int64)
+    np.bitwise_or.at(expected, buckets >> 3, (1 << (buckets & 7)).astype(np.uint8))
+    marked = bytearray(len(expected))
+    _core.mark_buckets(marked, array, shift)
+    assert bytes(marked) == expected.tobytes()
+    with pytest.raises(ValueError, match="too short"):
+        _core.mark_buckets(bytearray(len(expected) // 2), array, shift)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1), max_size=80))
+def test_hot_columns_are_the_dicts_items_in_order(hot):
+    keys, values = np.empty(len(hot), np.uint64), np.empty(len(hot), np.uint32)
+    _core.dict_columns(hot, keys, values)
+    assert list(zip(keys.tolist(), values.tolist(), strict=True)) == list(hot.items())
+    with pytest.raises(ValueError, match="do not fit"):
+        _core.dict_columns(hot, np.empty(len(hot) + 1, np.uint64), values)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2**32 - 1)), max_size=60),
+    st.lists(st.tuples(st.integers(0, 40), st.integers(0, 2**32 - 1)), max_size=60),
+)
+def test_merged_generations_are_a_stable_sort_of_both(a, b):
+    """Two generations merged (keys repeated within and across them): what the stable
+    argsort of their concatenation gave, values of equal keys in order, ``a``'s first."""
+    a, b = sorted(a, key=lambda kv: kv[0]), sorted(b, key=lambda kv: kv[0])
+    columns = [
+        (np.array([k for k, _ in g], np.uint64), np.array([v for _, v in g], np.uint32))
+        for g in (a, b)
+    ]
+    keys = np.concatenate([columns[0][0], columns[1][0]])
+    order = np.argsort(keys, kind="stable")
+    values = np.concatenate([columns[0][1], columns[1][1]])
+    merged_keys, merged_values = np.empty_like(keys), np.empty_like(values)
+    _core.merge_sorted(*columns[0], *columns[1], merged_keys, merged_values)
+    assert merged_keys.tolist() == keys[order].tolist()
+    assert merged_values.tolist() == values[order].tolist()
+    with pytest.raises(ValueError, match="align"):
+        _core.merge_sorted(
+            *columns[0], *columns[1], np.zeros(len(keys) + 1, np.uint64), merged_values
+        )
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.sets(st.integers(0, 2**64 - 1), max_size=60), st.sets(st.integers(0, 2**64 - 1)))
 def test_the_signatures_intersection_is_numpy_s(a, b):
     """Two prompts' signatures (sorted, unique) share what numpy's intersect1d finds."""

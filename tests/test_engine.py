@@ -1095,7 +1095,7 @@ def test_the_entity_tables_tuples_are_out_of_the_collector_s_sight():
         index.add(f"id-{n}", "email", f"tenant-{n % 3}", n << 1, T0 + n, text=f"p{n}@example.com")
     queued, pending = list(index._by_time), list(index.pending)
     index.maybe_rebuild(T0 + 60)
-    payloads = [payload for _, payload in index.recent.items()]
+    payloads = [payload for automaton in index.automata() for _, payload in automaton.items()]
     uses = [use for owner in index.table.values() for use in owner.tenants.values()]
     assert len(queued) == len(pending) == len(payloads) == len(uses) == 50
     assert not any(gc.is_tracked(t) for t in queued + pending + payloads + uses)
