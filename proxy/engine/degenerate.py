@@ -106,6 +106,7 @@ _CJK = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-
 _UNITS = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
 _TAIL = re.compile(f"[^\\s{_CJK}]+$")  # an unfinished unit at the end of a delta
 _TABLE_SYNTAX = re.compile(r"[|:+=*#-]+")  # markdown table/rule/heading syntax: no unit
+_TABLE_CHARS = frozenset("|:+=*#-")  # a unit that starts with none of these is no syntax
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]{2,32}\|>|<unk>|<pad>|ĠĠ")
 _BPE_SPACE = "▁"  # SentencePiece's word marker, alone
 
@@ -129,6 +130,7 @@ class DegenerateDetector:
         "_pending",
         "_recent",
         "_runs",
+        "_looping",
         "_window",
         "_window_rare",
         "_scripts",
@@ -143,6 +145,7 @@ class DegenerateDetector:
         self._pending = ""
         self._recent: deque[str] = deque(maxlen=self.config.max_period)
         self._runs = [0] * (self.config.max_period + 1)
+        self._looping = False  # some run is counting (any(self._runs))
         self._window: deque[tuple[int, tuple[str, ...]]] = deque()
         self._window_rare = 0
         self._scripts: dict[str, int] = {}
@@ -183,7 +186,12 @@ class DegenerateDetector:
 
     def _unit(self, unit: str) -> str | None:
         config = self.config
-        if not unit.isascii():
+        if unit.isascii():  # most units: no rare script, and only "<" may start a token
+            if self._window:
+                self._window_push(0, ())
+            if "<" in unit:
+                self._artifacts += len(_SPECIAL.findall(unit))
+        else:
             rare = _RARE.findall(unit)
             if rare and "\ufffd" in unit:
                 self._replacements += unit.count("\ufffd")
@@ -193,13 +201,11 @@ class DegenerateDetector:
                 self._artifacts += 1
             if self._window_push(len(rare), tuple({_script(ch) for ch in rare})):
                 return "mixed_scripts"
-        elif self._window:
-            self._window_push(0, ())
-        if "<" in unit or "Ġ" in unit:
-            self._artifacts += len(_SPECIAL.findall(unit))
+            if "<" in unit or "Ġ" in unit:
+                self._artifacts += len(_SPECIAL.findall(unit))
         if self._artifacts >= config.artifacts:
             return "token_artifacts"
-        if _TABLE_SYNTAX.fullmatch(unit):
+        if unit[0] in _TABLE_CHARS and _TABLE_SYNTAX.fullmatch(unit):
             return None
         return "repetition" if self._loop(unit) else None
 
@@ -207,19 +213,22 @@ class DegenerateDetector:
         """Whether ``unit`` extends a run of one phrase repeated long enough."""
         config, recent, runs = self.config, self._recent, self._runs
         if unit not in recent:  # the common case: no period can continue
-            if any(runs):
+            if self._looping:
                 self._runs = [0] * len(runs)
+                self._looping = False
             recent.append(unit)
             return False
         n = len(recent)
-        looped = False
+        looped = counting = False
         for period in range(1, config.max_period + 1):
             if period <= n and recent[n - period] == unit:
                 runs[period] += 1
+                counting = True
                 if runs[period] >= max(config.loop_units, config.loop_repeats * period):
                     looped = True
             else:
                 runs[period] = 0
+        self._looping = counting
         recent.append(unit)
         return looped
 

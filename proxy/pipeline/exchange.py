@@ -462,7 +462,9 @@ class ExchangeMonitor:
                 self.on_delta(delta.choice, delta.text)
             if self.scan is None and self.pending_observe is None:
                 continue  # no prompt to scan against (unparsed request, failed observe)
-            text = self._within_cap(delta.text)
+            text = delta.text
+            if self.max_scan_chars and self.output_chars > self.max_scan_chars:
+                text = self._cut_at_cap(text)
             if not text:
                 continue
             if self.scan_batch_chars and self.enforcement is None:
@@ -473,11 +475,9 @@ class ExchangeMonitor:
             elif self.scan is not None:
                 self._scan(self.scan.feed, text, delta.choice)
 
-    def _within_cap(self, text: str) -> str:
-        """The part of a delta (already counted in ``output_chars``) that is still
-        within ``max_scan_chars``; past it, nothing, and the exchange is capped."""
-        if not self.max_scan_chars or self.output_chars <= self.max_scan_chars:
-            return text
+    def _cut_at_cap(self, text: str) -> str:
+        """The part of a delta (already counted in ``output_chars``, which is past
+        ``max_scan_chars``) that is still within it, maybe none; the exchange is capped."""
         self.scan_capped = True
         return text[: max(0, len(text) - (self.output_chars - self.max_scan_chars))]
 

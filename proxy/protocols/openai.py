@@ -17,7 +17,7 @@ Two failure policies, by design:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -113,9 +113,10 @@ class ParsedRequest:
     user: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class OutputDelta:
-    """A piece of output text for one choice (``choice`` is the API's choice ``index``)."""
+class OutputDelta(NamedTuple):
+    """A piece of output text for one choice (``choice`` is the API's choice ``index``).
+    Immutable; a named tuple, not a frozen dataclass, for its cost: one is made for every
+    delta of every stream."""
 
     choice: int
     text: str
@@ -397,6 +398,12 @@ def _content_texts(content: Any, out: list[str]) -> None:
 
 def _message_texts(message: dict[str, Any], out: list[str]) -> None:
     """Append the text of a chat message, a streamed delta or a response message."""
+    if len(message) <= 2:  # most streamed deltas: {"content": ...}, maybe with the role
+        content = message.get("content")
+        if type(content) is str and (len(message) == 1 or "role" in message):
+            if content:
+                out.append(content)
+            return
     reasoning = message.get("reasoning_content")
     _opt_text(reasoning, out)
     alt = message.get("reasoning")

@@ -19,16 +19,16 @@ from __future__ import annotations
 import codecs
 import contextlib
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = ["SSEDecoder", "SSEEvent", "SSEFramer"]
 
 _BOM = "\ufeff"
 
 
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
-    """One dispatched event.
+class SSEEvent(NamedTuple):
+    """One dispatched event (immutable; a named tuple, which is built for a third of a
+    frozen dataclass's cost: one of these is made for every event of every stream).
 
     ``data`` is the event's ``data:`` lines joined with ``"\\n"`` (no trailing newline).
     ``id`` is the stream's *last event ID* at dispatch time: per the spec it persists across
