@@ -1771,8 +1771,6 @@ cdef class EntityFeed:
     cdef public list _raw
     cdef public Py_ssize_t _length
     cdef public str _tail
-    cdef public long _generation
-    cdef public list _iterators  # the reference's (reference.entity_feed); not used here
     cdef public list _undecided
     cdef public set _seen
     cdef object _fold
@@ -1784,8 +1782,7 @@ cdef class EntityFeed:
         # Strings only (ChoiceColumns says why): out of the collector's sight.
         PyObject_GC_UnTrack(<void*>self._text)
         PyObject_GC_UnTrack(<void*>self._raw)
-        self._generation = -1
-        self._iterators, self._undecided, self._seen = [], [], set()
+        self._undecided, self._seen = [], set()
         self._fold, self._astral_sub = fold, astral_sub
 
     def feed(self, str delta):
@@ -1809,7 +1806,6 @@ cdef class EntityFeed:
         self._length += len(delta)
         cdef list candidates = None
         cdef EntityIndexFields index = self._index
-        self._generation = index.generation  # the reference's iterators follow it
         cdef str window = self._tail + delta
         cdef Py_ssize_t window_base = base - len(self._tail)
         if index._may_end_in(window, len(self._tail)):

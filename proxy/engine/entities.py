@@ -286,7 +286,6 @@ class EntityIndex(EntityIndexFields):
         # log2(recent_max) times, not at every rebuild (one of all recent keys took
         # 4-6 ms, on the delta that ran it).
         self._levels: list[tuple[list[tuple[str, str]], ahocorasick.Automaton | None]] = []
-        self._recent_count = 0
 
     def add(
         self,
@@ -346,10 +345,9 @@ class EntityIndex(EntityIndexFields):
             return
         self._last_rebuild = now
         moved, self.pending = self.pending, []
-        self._recent_count += len(moved)
-        if self._recent_count > self.recent_max:
+        if sum(len(keys) for keys, _ in self._levels) + len(moved) > self.recent_max:
             self.base = _automaton(self._texts.items())
-            self._levels, self._recent_count = [], 0
+            self._levels = []
             self.clear_finals()  # keys expired since the last base go with it
             self.add_finals(self._texts.values())
         else:

@@ -140,7 +140,9 @@ def entity_feed(self: EntityScanner, delta: str) -> list[tuple[int, int, str]]:
     self._text.append(delta)
     self._length += len(delta)
     candidates: list[tuple[int, str, str]] = []
-    if self._generation != self._index.generation:
+    # The continued iterators are the reference's own state (the compiled feed searches
+    # each delta's window afresh): kept on the Python object, made on its first delta.
+    if getattr(self, "_generation", None) != self._index.generation:
         # Automata swapped: new iterators, primed with the tail so that an entity
         # cut by the swap is still found.
         self._generation = self._index.generation
