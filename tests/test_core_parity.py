@@ -82,6 +82,51 @@ def test_random_kgrams(hashes, k):
     assert _core.kgrams(hashes, k) == reference.kgrams(hashes, k)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 2**64 - 1), max_size=80),
+    st.lists(st.integers(0, 2**64 - 1), max_size=40),
+    st.integers(-100, 100),
+    st.integers(-100, 100),
+    st.integers(1, 5),
+)
+def test_a_column_reads_as_the_list_of_its_values(values, more, start, stop, step):
+    """A choice's columns are ``Column``s the compiled step appends to in place: Python
+    reads them as lists (index, slice, iterate, extend, pop) and numpy as uint64."""
+    column, plain = _core.Column(values), list(values)
+    assert len(column) == len(plain) and list(column) == plain == column.tolist()
+    assert column[start:stop:step] == plain[start:stop:step]
+    assert column[start:] == plain[start:] and column[:stop] == plain[:stop]
+    for i in (start, stop):
+        if -len(plain) <= i < len(plain):
+            assert column[i] == plain[i]
+        else:
+            with pytest.raises(IndexError):
+                column[i]
+    column.extend(more)
+    column.extend(_core.Column(more))
+    plain += more + more
+    assert np.array(column, dtype=np.uint64).tolist() == plain
+    if plain:
+        assert column.pop() == plain.pop()
+    assert column.tolist() == plain
+    with pytest.raises(OverflowError):
+        column.append(-1)
+
+
+def test_a_column_does_not_move_under_an_exported_buffer():
+    column = _core.Column(range(3))
+    view = memoryview(column)
+    with pytest.raises(BufferError):
+        column.extend(range(100))  # a reallocation would leave the view dangling
+    with pytest.raises(BufferError):
+        column.pop()
+    assert view.tolist() == [0, 1, 2] and view.readonly
+    view.release()
+    column.extend(range(100))
+    assert len(column) == 103
+
+
 def test_non_ascii_input_is_refused_not_misread():
     for text in ("café", "日本語", "a\u00a0b"):
         try:
@@ -490,7 +535,7 @@ def test_short_words_cache_gives_the_hashers_unit_hashes(words, bits):
         patch.setattr(_core, "DeltaScanner", partial(_core.DeltaScanner, short_word_bits=bits))
         for i in range(0, len(text), 7):
             scan.feed(text[i : i + 7])
-    hashes = scan._choices[0].hashes
+    hashes = scan._choices[0].hashes.tolist()
     assert hashes == [engine.hasher.unit(w.lower()) for w in words + words[::-1]]
 
 

@@ -11,14 +11,15 @@ garbage collector does not walk (issue 16's GC target).
 
 cimport cython
 from cpython.dict cimport PyDict_Next, PyDict_SetDefaultRef
-from cpython.ref cimport Py_INCREF, Py_XDECREF, PyObject
+from cpython.ref cimport PyObject
 from cpython.unicode cimport (
     Py_UNICODE_ISDECIMAL, Py_UNICODE_ISDIGIT, PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR,
     PyUnicode_Substring,
 )
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
-from libc.string cimport memset
+from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE
+from libc.string cimport memcpy, memset
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 cdef extern from "Python.h":
@@ -122,9 +123,9 @@ def ascii_units(str text, Py_ssize_t offset=0):
     return texts, starts, ends
 
 
-cdef list kgrams_from(list hashes, Py_ssize_t first, int k):
-    """``kgrams`` of ``hashes[first:]``."""
-    cdef Py_ssize_t n = len(hashes) - first - k + 1, i
+cdef list kgrams_from(const uint64_t* hashes, Py_ssize_t size, Py_ssize_t first, int k):
+    """``kgrams`` of ``hashes[first:size]``."""
+    cdef Py_ssize_t n = size - first - k + 1, i
     cdef list out = []
     if n <= 0 or k < 1:
         return out
@@ -133,18 +134,20 @@ cdef list kgrams_from(list hashes, Py_ssize_t first, int k):
     for j in range(k - 1):
         top *= PRIME  # the oldest unit's multiplier, PRIME ** (k - 1) mod 2**64
     for j in range(k):
-        h = h * PRIME + <uint64_t>hashes[first + j]
+        h = h * PRIME + hashes[first + j]
     out.append(mix64(h))
     for i in range(first + 1, first + n):
-        h = (h - <uint64_t>hashes[i - 1] * top) * PRIME + <uint64_t>hashes[i + k - 1]
+        h = (h - hashes[i - 1] * top) * PRIME + hashes[i + k - 1]
         out.append(mix64(h))
     return out
 
 
-def kgrams(list hashes, int k):
-    """The fingerprint of every k-gram of ``hashes`` (unit hashes, 64-bit ints), in
-    order: ``Hasher.kgram`` of each window, rolled from the one before."""
-    return kgrams_from(hashes, 0, k)
+def kgrams(hashes, int k):
+    """The fingerprint of every k-gram of ``hashes`` (unit hashes, 64-bit ints: a list
+    or a ``Column``), in order: ``Hasher.kgram`` of each window, rolled from the one
+    before."""
+    cdef Column column = hashes if isinstance(hashes, Column) else Column(hashes)
+    return kgrams_from(column.data, column.size, 0, k)
 
 
 def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
@@ -816,6 +819,147 @@ cdef class TokenizerState:
 
 
 @cython.final
+cdef class Column:
+    """A growable array of unsigned 64-bit ints that reads like a list of ints: a
+    choice's unit hashes, offsets, weights and running sums. The compiled step appends
+    to it without making an int object per value (three of them per word, as lists);
+    Python indexes, slices (a list), iterates and extends it as a list, and numpy reads
+    it through the buffer protocol (``np.array(column, dtype=...)`` copies it at once).
+    It holds no objects, so the garbage collector never sees it. While a buffer of it is
+    exported it cannot grow (``BufferError``, as ``bytearray``)."""
+
+    cdef uint64_t* data
+    cdef Py_ssize_t size, capacity
+    cdef Py_ssize_t exports
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, values=None):
+        self.data = NULL
+        self.size = self.capacity = self.exports = 0
+        if values is not None:
+            self.extend(values)
+
+    def __dealloc__(self):
+        free(self.data)
+
+    cdef int grow(self, Py_ssize_t needed) except -1:
+        if self.exports:
+            raise BufferError("Column: cannot grow while a buffer of it is exported")
+        cdef Py_ssize_t capacity = max(16, self.capacity * 2, needed)
+        cdef uint64_t* data = <uint64_t*>realloc(self.data, capacity * sizeof(uint64_t))
+        if data == NULL:
+            raise MemoryError()
+        self.data, self.capacity = data, capacity
+        return 0
+
+    cdef inline int push(self, uint64_t value) except -1:
+        if self.size == self.capacity:
+            self.grow(self.size + 1)
+        self.data[self.size] = value
+        self.size += 1
+        return 0
+
+    cdef inline uint64_t last(self) noexcept:
+        """The newest value; 0 when empty."""
+        return self.data[self.size - 1] if self.size else 0
+
+    cdef Py_ssize_t position(self, Py_ssize_t i) except -1:
+        if i < 0:
+            i += self.size
+        if not 0 <= i < self.size:
+            raise IndexError("Column index out of range")
+        return i
+
+    cdef int resizable(self) except -1:
+        if self.exports:
+            raise BufferError("Column: cannot resize while a buffer of it is exported")
+        return 0
+
+    def append(self, value):
+        self.resizable()
+        self.push(<uint64_t>value)
+
+    def extend(self, values):
+        """Append ``values`` (ints that fit 64 unsigned bits): all of them, or none when
+        one does not fit or a buffer of the column is exported."""
+        self.resizable()
+        cdef Column other = values if isinstance(values, Column) else Column.__new__(Column)
+        cdef Py_ssize_t i, n
+        if other is not values:
+            values = list(values)
+            n = len(values)
+            other.grow(n)
+            for i in range(n):
+                other.data[i] = <uint64_t>values[i]  # OverflowError: nothing appended
+            other.size = n
+        if self.size + other.size > self.capacity:
+            self.grow(self.size + other.size)
+        memcpy(self.data + self.size, other.data, other.size * sizeof(uint64_t))
+        self.size += other.size
+
+    def pop(self):
+        cdef Py_ssize_t i = self.position(-1)
+        self.resizable()
+        self.size = i
+        return self.data[i]
+
+    def tolist(self):
+        return self.slice(0, self.size)
+
+    cdef list slice(self, Py_ssize_t start, Py_ssize_t stop):
+        cdef list out = []
+        cdef Py_ssize_t i
+        for i in range(start, stop):
+            out.append(self.data[i])
+        return out
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        cdef Py_ssize_t start, stop, step
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self.size)
+            if step == 1:
+                return self.slice(start, stop) if start < stop else []
+            return [self.data[i] for i in range(start, stop, step)]
+        return self.data[self.position(index)]
+
+    def __iter__(self):
+        cdef Py_ssize_t i = 0
+        while i < self.size:  # reads the size each time: safe while it grows
+            yield self.data[i]
+            i += 1
+
+    def __repr__(self):
+        return f"Column({self.tolist()!r})"
+
+    def __getbuffer__(self, Py_buffer* buffer, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("Column: a read-only buffer")
+        self.shape[0] = self.size
+        self.strides[0] = sizeof(uint64_t)
+        buffer.buf = <void*>self.data
+        buffer.obj = self
+        buffer.len = self.size * sizeof(uint64_t)
+        buffer.itemsize = sizeof(uint64_t)
+        buffer.readonly = 1
+        buffer.ndim = 1
+        buffer.format = NULL
+        if flags & PyBUF_FORMAT:
+            buffer.format = b"Q"
+        buffer.shape = self.shape if flags & PyBUF_ND else NULL
+        buffer.strides = self.strides if flags & PyBUF_STRIDES else NULL
+        buffer.suboffsets = NULL
+        buffer.internal = NULL
+        self.exports += 1
+
+    def __releasebuffer__(self, Py_buffer* buffer):
+        self.exports -= 1
+
+
+@cython.final
 cdef class Run:
     """Coverage of one victim choice by one foreign request's fingerprints (what
     ``ChoiceColumns.cover`` marked): the current and the best contiguous run (unit
@@ -847,16 +991,16 @@ cdef class ChoiceColumns:
     the fictional 555 exchange, and whether the choice's last unit has arrived."""
 
     cdef public object tokenizer
-    cdef public list hashes
-    cdef public list numbers
-    cdef public list weights
-    cdef public list cumulative
-    cdef public list starts
-    cdef public list ends
+    cdef readonly Column hashes
+    cdef readonly Column numbers
+    cdef readonly Column weights
+    cdef readonly Column cumulative
+    cdef readonly Column starts
+    cdef readonly Column ends
     cdef public long private_kgrams
     cdef public object entities
-    cdef public list batches
-    cdef public list seqs
+    cdef readonly Column batches
+    cdef readonly Column seqs
     cdef public dict runs
     cdef public bint complete
     cdef public frozenset own_units
@@ -868,18 +1012,13 @@ cdef class ChoiceColumns:
         self.tokenizer = tokenizer
         self.runs = {}
         self.complete = False
-        self.hashes, self.numbers, self.weights = [], [], []
-        self.cumulative, self.starts, self.ends = [0], [], []
+        # Columns hold no objects: out of the collector's sight (issue 16's GC target).
+        self.hashes, self.numbers, self.weights = Column(), Column(), Column()
+        self.cumulative, self.starts, self.ends = Column((0,)), Column(), Column()
         self.private_kgrams = 0
         self.entities = entities  # an EntityFeed, or None when entities are off
         # For the keyed record: units scanned after each feed, and its sequence number.
-        self.batches, self.seqs = [], []
-        # Lists of ints and bools only, so in no reference cycle: out of the collector's
-        # sight, a collection neither walks them nor reads the thousands of ints they
-        # hold (issue 16's GC target). An untracked list stays untracked.
-        for column in (self.hashes, self.numbers, self.weights, self.cumulative,
-                       self.starts, self.ends, self.batches, self.seqs):
-            PyObject_GC_UnTrack(<void*>column)
+        self.batches, self.seqs = Column(), Column()
 
     def distinct(self, Py_ssize_t i):
         """Unit ``i`` is a specific number or a word few tenants use, and not one the
@@ -910,25 +1049,33 @@ cdef class ChoiceColumns:
         self._cover(source, index, k, fp, specific_to)
 
     cdef bint _distinct(self, Py_ssize_t i) except -1:
-        unit = self.hashes[i]
+        unit = self.hashes.data[i]
         if unit in self.own_units:
             return False
-        return True if self.numbers[i] else unit not in self.plain
+        return True if self.numbers.data[i] else unit not in self.plain
 
     cdef bint _specific(self, Py_ssize_t i, const uint64_t* units, Py_ssize_t n) except -1:
-        unit = self.hashes[i]
+        cdef uint64_t value = self.hashes.data[i]
+        unit = value
         if unit in self.own_units:
             return False
-        if self.numbers[i]:
+        if self.numbers.data[i]:
             return unit not in self.public_numbers
-        return n > 0 and sorted_has(units, n, <uint64_t>unit)
+        return n > 0 and sorted_has(units, n, value)
 
     cdef bint _tied(self, Py_ssize_t i) except -1:
-        if not self.numbers[i]:
+        if not self.numbers.data[i]:
             return True
-        if i + 1 >= len(self.hashes) and not self.complete:
+        cdef Py_ssize_t size = self.hashes.size, j
+        if i + 1 >= size and not self.complete:
             return False  # undecided until the next unit (or the end) arrives
-        return self.exchange_555 not in self.hashes[max(0, i - 1) : i + 2]
+        if self.exchange_555 is None:
+            return True
+        cdef uint64_t exchange = <uint64_t>self.exchange_555
+        for j in range(max(0, i - 1), min(size, i + 2)):
+            if self.hashes.data[j] == exchange:
+                return False
+        return True
 
     cdef bint _distinctive(self, Py_ssize_t start, Py_ssize_t stop) except -1:
         cdef Py_ssize_t i
@@ -937,13 +1084,14 @@ cdef class ChoiceColumns:
                 return True
         return False
 
-    @cython.boundscheck(True)
     cdef int _cover(self, source, Py_ssize_t index, Py_ssize_t k, fp, specific_to) except -1:
+        cdef Py_ssize_t last = index + k - 1, i, weight
+        if index < 0 or k < 1 or last >= self.hashes.size:
+            raise IndexError("ChoiceColumns.cover: units out of range")
         cdef Run run = self.runs.get(source)
         if run is None:
             run = self.runs[source] = Run()
-        cdef Py_ssize_t last = index + k - 1, i, weight
-        cdef list cum = self.cumulative
+        cdef const uint64_t* cum = self.cumulative.data
         cdef bint starts_run = run.start < 0 or index > run.end + 1
         cdef Py_ssize_t first_new = index if starts_run else max(run.end + 1, index)
         if starts_run:
@@ -975,8 +1123,8 @@ cdef class ChoiceColumns:
 
 
 ctypedef struct ShortWord:
-    uint64_t low, high  # the lowercased word's bytes, zero-padded to 16
-    PyObject* unit  # its unit hash (a reference held), NULL: an empty slot
+    uint64_t low, high  # the lowercased word's bytes, zero-padded to 16; 0: an empty slot
+    uint64_t unit  # its unit hash
 
 
 @cython.final
@@ -999,14 +1147,10 @@ cdef class ShortWords:
         self.mask = ((<uint64_t>1 << bits) - 1) & ~(<uint64_t>1)
 
     def __dealloc__(self):
-        cdef uint64_t i
-        if self.slots != NULL:
-            for i in range(self.mask + 2):
-                Py_XDECREF(self.slots[i].unit)
-            free(self.slots)
+        free(self.slots)
 
     cdef ShortWord* way(self, const unsigned char* data, Py_ssize_t n, uint64_t* key) noexcept:
-        """The set ``data[:n]`` (n <= 16) belongs to, its key written to ``key[0:2]``."""
+        """The set ``data[:n]`` (0 < n <= 16) belongs to, its key written to ``key[0:2]``."""
         cdef Py_ssize_t j
         cdef unsigned char c
         key[0] = key[1] = 0
@@ -1017,19 +1161,21 @@ cdef class ShortWords:
             key[j >> 3] |= <uint64_t>c << ((j & 7) * 8)
         return &self.slots[mix64(key[0] ^ mix64(key[1])) & self.mask]
 
-    cdef object get(self, ShortWord* ways, const uint64_t* key):
-        """The unit hash in the set ``ways`` under ``key``, or None."""
-        if ways[0].unit != NULL and ways[0].low == key[0] and ways[0].high == key[1]:
-            return <object>ways[0].unit
-        if ways[1].unit != NULL and ways[1].low == key[0] and ways[1].high == key[1]:
-            return <object>ways[1].unit
-        return None
+    cdef inline bint get(self, const ShortWord* ways, const uint64_t* key,
+                         uint64_t* unit) noexcept:
+        """Whether the set ``ways`` holds ``key`` (a nonempty word's: its ``low`` is not
+        0, as an empty slot's is); its unit hash written to ``unit``."""
+        if ways[0].low == key[0] and ways[0].high == key[1]:
+            unit[0] = ways[0].unit
+            return True
+        if ways[1].low == key[0] and ways[1].high == key[1]:
+            unit[0] = ways[1].unit
+            return True
+        return False
 
-    cdef void put(self, ShortWord* ways, const uint64_t* key, object unit) noexcept:
-        Py_XDECREF(ways[1].unit)
+    cdef inline void put(self, ShortWord* ways, const uint64_t* key, uint64_t unit) noexcept:
         ways[1] = ways[0]
-        Py_INCREF(unit)
-        ways[0].low, ways[0].high, ways[0].unit = key[0], key[1], <PyObject*>unit
+        ways[0].low, ways[0].high, ways[0].unit = key[0], key[1], unit
 
 
 @cython.final
@@ -1118,7 +1264,7 @@ cdef class DeltaScanner:
         cdef str text = tokenizer._pending + delta if tokenizer._pending else delta
         cdef Py_ssize_t base = tokenizer._pending_at
         cdef Py_ssize_t consumed = tokenizer._consumed + len(delta)
-        cdef Py_ssize_t before = len(columns.hashes)
+        cdef Py_ssize_t before = columns.hashes.size
         tokenizer._consumed = consumed
         if PyUnicode_IS_ASCII(text):
             if not self._add_ascii(columns, tokenizer, text, base, consumed):
@@ -1128,7 +1274,7 @@ cdef class DeltaScanner:
         cdef Py_ssize_t first = before - self.k + 1
         if first < 0:
             first = 0
-        cdef list fps = kgrams_from(columns.hashes, first, self.k)
+        cdef list fps = kgrams_from(columns.hashes.data, columns.hashes.size, first, self.k)
         if not fps:
             return None
         return self._classify(response, columns, first, fps)
@@ -1140,10 +1286,8 @@ cdef class DeltaScanner:
         Returns how many units it added."""
         cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
         cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, start, added = 0
-        cdef list hashes = columns.hashes, numbers = columns.numbers
-        cdef list weights = columns.weights, cumulative = columns.cumulative
-        cdef list starts = columns.starts, ends = columns.ends
-        cdef long total = cumulative[len(cumulative) - 1], weight = self.word_weight
+        cdef Column cumulative = columns.cumulative
+        cdef uint64_t total = cumulative.last(), weight = self.word_weight
         cdef bint upper
         tokenizer._pending, tokenizer._pending_at = "", consumed
         while True:
@@ -1154,35 +1298,36 @@ cdef class DeltaScanner:
                 tokenizer._pending = PyUnicode_Substring(text, start, n)
                 tokenizer._pending_at = base + start
                 break
-            hashes.append(self._ascii_unit(text, data, start, i, upper))
-            numbers.append(specific_ascii_number(data + start, i - start))
-            weights.append(weight)
+            columns.hashes.push(self._ascii_unit(text, data, start, i, upper))
+            columns.numbers.push(specific_ascii_number(data + start, i - start))
+            columns.weights.push(weight)
             total += weight
-            cumulative.append(total)
-            starts.append(base + start)
-            ends.append(base + i)
+            cumulative.push(total)
+            columns.starts.push(base + start)
+            columns.ends.push(base + i)
             added += 1
         return added
 
-    cdef object _ascii_unit(self, str text, const unsigned char* data, Py_ssize_t start,
-                            Py_ssize_t end, bint upper):
-        """The unit hash of the ASCII word ``text[start:end]``."""
+    cdef uint64_t _ascii_unit(self, str text, const unsigned char* data, Py_ssize_t start,
+                              Py_ssize_t end, bint upper) except? 0:
+        """The unit hash of the ASCII word ``text[start:end]`` (not empty)."""
         cdef uint64_t key[2]
+        cdef uint64_t value
         cdef ShortWord* ways = NULL
         if end - start <= 16:
             ways = self.short_words.way(data + start, end - start, key)
-            h = self.short_words.get(ways, key)
-            if h is not None:
-                return h
+            if self.short_words.get(ways, key, &value):
+                return value
         cdef str unit = PyUnicode_Substring(text, start, end)
         if upper:
             unit = unit.lower()
         h = self.cache.get(unit)
         if h is None:
             h = self.unit(unit)
+        value = <uint64_t>h
         if ways != NULL:
-            self.short_words.put(ways, key, h)
-        return h
+            self.short_words.put(ways, key, value)
+        return value
 
     cdef Py_ssize_t _add_batch(self, ChoiceColumns columns, TokenizerState tokenizer,
                                str text, Py_ssize_t base, Py_ssize_t consumed) except -1:
@@ -1203,25 +1348,22 @@ cdef class DeltaScanner:
             n -= 1
         else:
             tokenizer._pending, tokenizer._pending_at = "", consumed
-        cdef list hashes = columns.hashes, numbers = columns.numbers
-        cdef list cumulative = columns.cumulative
-        cdef long total = cumulative[len(cumulative) - 1], weight
+        cdef Column cumulative = columns.cumulative
+        cdef uint64_t total = cumulative.last(), weight
         cdef str unit
         for i in range(n):
             unit = texts[i]
             h = self.cache.get(unit)
-            hashes.append(self.unit(unit) if h is None else h)
-            numbers.append(
-                True
-                if Py_UNICODE_ISDIGIT(PyUnicode_READ_CHAR(unit, 0)) and self.specific_number(unit)
-                else False
+            columns.hashes.push(<uint64_t>(self.unit(unit) if h is None else h))
+            columns.numbers.push(
+                Py_UNICODE_ISDIGIT(PyUnicode_READ_CHAR(unit, 0)) and self.specific_number(unit)
             )
-            weight = weights[i]
-            columns.weights.append(weight)
+            weight = <uint64_t>weights[i]
+            columns.weights.push(weight)
             total += weight
-            cumulative.append(total)
-        columns.starts.extend(starts)
-        columns.ends.extend(ends)
+            cumulative.push(total)
+            columns.starts.push(<uint64_t>starts[i])
+            columns.ends.push(<uint64_t>ends[i])
         return n
 
     cdef object _classify(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
@@ -1439,7 +1581,7 @@ cdef class DeltaScanner:
             return True
         if run.best >= threshold and state._distinctive(run.best_start, run.best_end + 1):
             return True
-        cdef list cum = state.cumulative
+        cdef const uint64_t* cum = state.cumulative.data
         cdef Py_ssize_t span = <Py_ssize_t>cum[run.end + 1] - <Py_ssize_t>cum[run.first]
         if run.covered < 2 * threshold:
             return False
@@ -1515,9 +1657,9 @@ cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
         matches = (<EntityFeed>entities)._feed(delta)
         if matches:  # most deltas meet no entity
             found += response._met_entities(state, choice, matches)
-    state.batches.append(len(state.hashes))
+    state.batches.push(state.hashes.size)
     clock.sequence += 1
-    state.seqs.append(clock.sequence)
+    state.seqs.push(clock.sequence)
     return found
 
 

@@ -638,7 +638,7 @@ class ResponseScan(_core.ScanFields):
         """What the end of a choice teaches the engine: its words, and its entities (an
         entity another request owns is a finding; the others become this output's)."""
         engine = self.engine
-        engine.vocabulary.learn(self.tenant, state.hashes)
+        engine.vocabulary.learn(self.tenant, state.hashes.tolist())
         found = self._entity_findings(choice, [(s, e, i) for _, i, s, e in state.extracted])
         output_value = (self.slot << 1) | 1
         for kind, entity_id, _, _ in state.extracted:
