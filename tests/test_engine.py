@@ -711,6 +711,25 @@ def test_output_entity_leaves_the_window_with_its_request(delay, same_question, 
         assert found == []
 
 
+def test_a_later_request_that_ends_first_does_not_own_what_an_earlier_stream_wrote():
+    """A's model writes a reference; a KV-cache leak copies it into B's short answer,
+    which B's request (after A's) ends before A's stream ends at the proxy. B ended
+    first, but A wrote it: A's own reference is no finding on A, nor on C asking A's
+    question later (seen once in the fresh enforce e2e run: a clean response blocked).
+    Control: once they have ended, the reference in a later answer is their leak."""
+    engine = make_engine()
+    question = "Book me a table for two at the harbour restaurant on Friday."
+    a = engine.observe_prompt("A", "a-1", question, now=T0)
+    a.feed(MODEL_REFERENCE[:20], now=T0)
+    copy = "Happy to help! Check the details with your team. Noted: REF-76242946."
+    b_found = exchange(engine, "B", "b-1", "Which museums in Oslo open on Mondays?", copy, T0 + 1)
+    a_found = a.feed(MODEL_REFERENCE[20:], now=T0 + 2) + a.finish(now=T0 + 2)
+    c_found = exchange(engine, "C", "c-1", question, MODEL_REFERENCE, T0 + 3)
+    assert b_found == [] and a_found == [] and c_found == []
+    found = exchange(engine, "D", "d-1", "Capital of Peru?", "It is REF-76242946.", T0 + 4)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "C")]  # the latest
+
+
 # -- privacy -------------------------------------------------------------------------
 
 

@@ -660,7 +660,30 @@ class ResponseScan(_core.ScanFields):
                 self._now,
                 text=state.texts.get(entity_id),
             )
+            self._drop_later_outputs(engine.entities.table[entity_id])
         return found
+
+    def _drop_later_outputs(self, owner: EntityOwner) -> None:
+        """A string no prompt held, in this output and in outputs of requests that came
+        after this one and asked something else (``_ended_first``): this request's model
+        wrote it first, so they hold it as this one's leak. Forget their uses, as if
+        this output had ended first (then they would never have held it)."""
+        if not owner.model_born():
+            return
+        for tenant, (value, _) in list(owner.tenants.items()):
+            later = tenant != self.tenant and self._ended_first(value)
+            if later and not self._same_question(value >> 1):
+                del owner.tenants[tenant]
+
+    def _ended_first(self, value: int) -> bool:
+        """``value`` (an index value) is the output of a request that came after this
+        one: it ended first, which says nothing of who wrote what they share. A stream's
+        end can reach the proxy after a later request's whole response (a KV-cache leak
+        of this stream's text into a short answer), and an output's entities are its
+        own only from its end. Its model-born strings in this output are no evidence
+        against this one (a trade-off: a later request's entity-only leak into an
+        earlier, longer stream goes unreported; its pages are still matched as text)."""
+        return bool(value & 1) and value >> 1 > self.slot
 
     def record(self) -> OutputRecord:
         """The finished output in keyed form: what ``replay`` needs to make the same
@@ -1037,8 +1060,11 @@ class ResponseScan(_core.ScanFields):
         latest first: a canary's (its request never leaves the window); another one's
         while its request is in the window, unless it answered the same question."""
         sources = []
+        model_born = not is_canary and owner.model_born()
         for tenant, (value, _) in sorted(owner.tenants.items(), key=lambda item: -item[1][1]):
             slot = value >> 1
+            if model_born and self._ended_first(value):
+                continue
             record = self.engine._requests.get(slot) if is_canary else self._source_record(slot)
             if record is not None and not (value & 1 and self._same_question(slot)):
                 sources.append((tenant, record))
