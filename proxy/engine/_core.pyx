@@ -1811,6 +1811,14 @@ cdef inline uint64_t final_gram(int kind, const void* data, Py_ssize_t end) noex
     return mix64(h)
 
 
+cdef inline uint64_t char_at(const Py_UCS4* history, Py_ssize_t h, int kind, const void* data,
+                             Py_ssize_t i) noexcept:
+    """Character ``i`` of ``history[:h]`` followed by the string at ``data``."""
+    if i < h:
+        return <uint64_t>history[i]
+    return <uint64_t>PyUnicode_READ(kind, <void*>data, i - h)
+
+
 cdef inline bint final_marked(const unsigned char* finals, uint64_t h) noexcept:
     cdef uint64_t mask = (<uint64_t>1 << FINAL_BITS) - 1, a = h & mask, b = (h >> FINAL_BITS) & mask
     return (finals[a >> 3] >> (a & 7)) & (finals[b >> 3] >> (b & 7)) & 1
@@ -1868,20 +1876,37 @@ cdef class EntityIndexFields:
         self.short_keys = False
 
     def may_end_in(self, str window, Py_ssize_t start):
-        """``_may_end_in``, for tests."""
-        return self._may_end_in(window, start)
-
-    cdef bint _may_end_in(self, str window, Py_ssize_t start) noexcept:
         """A key of the automata may end at ``window[start:]``: some ``FINAL_GRAM``
         characters that end there end a key (or a key is too short to tell)."""
+        cdef Py_UCS4 history[FINAL_GRAM - 1]
+        cdef Py_ssize_t h = min(start, FINAL_GRAM - 1), i
+        for i in range(h):
+            history[i] = window[start - h + i]
+        return self._may_end_after(history, h, window[start:])
+
+    cdef bint _may_end_after(self, const Py_UCS4* history, Py_ssize_t h, str delta) noexcept:
+        """``may_end_in(history[:h] + delta, h)`` (``h`` < ``FINAL_GRAM``: the characters
+        before the delta that a final gram ending in it can reach), with no window
+        string made: a rolling hash of the grams, the same as
+        ``final_gram``'s (a polynomial modulo 2**64 drops its oldest term exactly)."""
         if self.short_keys:
             return True
-        cdef int kind = PyUnicode_KIND(window)
-        cdef const void* data = PyUnicode_DATA(window)
-        cdef Py_ssize_t end
-        for end in range(max(start, FINAL_GRAM - 1), PyUnicode_GET_LENGTH(window)):
-            if final_marked(self.finals, final_gram(kind, data, end)):
+        cdef int kind = PyUnicode_KIND(delta)
+        cdef const void* data = PyUnicode_DATA(delta)
+        cdef Py_ssize_t total = h + PyUnicode_GET_LENGTH(delta), end, i
+        cdef uint64_t gram = 0, top = 1
+        if total < FINAL_GRAM:
+            return False
+        for i in range(FINAL_GRAM - 1):
+            top *= 0x100003ULL  # the oldest character's multiplier
+        for i in range(FINAL_GRAM - 1):
+            gram = gram * 0x100003ULL + char_at(history, h, kind, data, i)
+        for end in range(FINAL_GRAM - 1, total):
+            gram = gram * 0x100003ULL + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
+            if final_marked(self.finals, mix64(gram)):
                 return True
+            # the oldest character of this gram leaves it
+            gram -= top * char_at(history, h, kind, data, end - FINAL_GRAM + 1)
         return False
 
     def __init__(self, Py_ssize_t longest, double rebuild_interval):
@@ -1912,15 +1937,20 @@ cdef class EntityFeed:
     cdef public list _text
     cdef public list _raw
     cdef public Py_ssize_t _length
-    cdef public str _tail
     cdef public list _undecided
     cdef public set _seen
     cdef object _fold
     cdef object _astral_sub
+    # The tail, the text's last ``longest - 1`` characters (as ``longest`` was at the
+    # last delta) in which a key that ends in the next delta may begin, is made from
+    # ``_text`` only when a delta needs it; its last ``FINAL_GRAM - 1`` characters are
+    # kept for the prefilter.
+    cdef Py_ssize_t tail_length
+    cdef Py_UCS4 last[FINAL_GRAM - 1]
 
     def __init__(self, index, fold, astral_sub):
         self._index = index
-        self._text, self._raw, self._length, self._tail = [], [], 0, ""
+        self._text, self._raw, self._length, self.tail_length = [], [], 0, 0
         # Strings only (ChoiceColumns says why): out of the collector's sight.
         PyObject_GC_UnTrack(<void*>self._text)
         PyObject_GC_UnTrack(<void*>self._raw)
@@ -1931,6 +1961,37 @@ cdef class EntityFeed:
         """Returns confirmed ``(start, end, entity id)`` matches, offsets into the stream."""
         found = self._feed(delta)
         return [] if found is None else found
+
+    @property
+    def _tail(self):
+        """The tail after the last delta (``reference.entity_feed`` keeps it as a string)."""
+        return self.tail_text(0)
+
+    cdef str tail_text(self, Py_ssize_t skip):
+        """The tail: the last ``tail_length`` characters of ``_text`` less its last
+        ``skip`` deltas."""
+        cdef Py_ssize_t need = self.tail_length, have = 0, i = len(self._text) - skip
+        if need <= 0:
+            return ""
+        cdef list parts = []
+        while have < need and i > 0:
+            i -= 1
+            parts.append(self._text[i])
+            have += len(<str>self._text[i])
+        parts.reverse()
+        cdef str joined = "".join(parts)
+        return joined[len(joined) - need:]
+
+    cdef void keep_last(self, str delta, Py_ssize_t n) noexcept:
+        """Shift ``delta``'s characters into ``last``, the text's ``FINAL_GRAM - 1``
+        last (zeros before the text's start: the prefilter never reads them)."""
+        cdef int kind = PyUnicode_KIND(delta)
+        cdef const void* data = PyUnicode_DATA(delta)
+        cdef Py_ssize_t keep = FINAL_GRAM - 1, i, take = min(n, keep)
+        for i in range(keep - take):
+            self.last[i] = self.last[i + take]
+        for i in range(take):
+            self.last[keep - take + i] = PyUnicode_READ(kind, <void*>data, n - take + i)
 
     cdef list _feed(self, str delta):
         """``feed``, or None when it confirms nothing (most deltas: no list to make).
@@ -1944,15 +2005,18 @@ cdef class EntityFeed:
         if not delta:
             return None
         cdef Py_ssize_t base = self._length, end, longest, start
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(delta), tail = self.tail_length
         self._text.append(delta)
-        self._length += len(delta)
+        self._length += n
         cdef list candidates = None
         cdef EntityIndexFields index = self._index
-        cdef str window = self._tail + delta
-        cdef Py_ssize_t window_base = base - len(self._tail)
-        if index._may_end_in(window, len(self._tail)):
+        cdef Py_ssize_t h = min(tail, FINAL_GRAM - 1)
+        cdef Py_ssize_t window_base = base - tail
+        cdef str window = None
+        if index._may_end_after(&self.last[FINAL_GRAM - 1 - h], h, delta):
             # A key that ends in this delta starts in the window: the tail keeps the
             # last ``longest - 1`` characters. Matches that end before it were found.
+            window = self.tail_text(1) + delta
             for automaton in index.automata():
                 for end_obj, (entity_id, text) in automaton.iter(window):
                     end = window_base + <Py_ssize_t>end_obj + 1
@@ -1962,6 +2026,8 @@ cdef class EntityFeed:
                         candidates.append((end, entity_id, text))
         cdef list pending = index.pending
         if pending:
+            if window is None:
+                window = self.tail_text(1) + delta
             for entity_id, key in pending:
                 start = window.find(key)
                 while start != -1:
@@ -1972,7 +2038,8 @@ cdef class EntityFeed:
                         candidates.append((end, entity_id, key))
                     start = window.find(key, start + 1)
         longest = index.longest
-        self._tail = window[len(window) - min(longest - 1, len(window)):] if longest > 1 else ""
+        self.tail_length = min(longest - 1, tail + n) if longest > 1 else 0
+        self.keep_last(delta, n)
         if candidates is None and not self._undecided:
             return None  # most deltas: nothing to confirm
         return self._confirm([] if candidates is None else candidates, final=False)

@@ -140,14 +140,17 @@ def entity_feed(self: EntityScanner, delta: str) -> list[tuple[int, int, str]]:
     self._text.append(delta)
     self._length += len(delta)
     candidates: list[tuple[int, str, str]] = []
+    # The last characters, in which a key that ends in this delta may begin: a string
+    # here (the compiled feed makes it from its text when a delta needs it).
+    tail = getattr(self, "_window_tail", "")
     # The continued iterators are the reference's own state (the compiled feed searches
     # each delta's window afresh): kept on the Python object, made on its first delta.
     if getattr(self, "_generation", None) != self._index.generation:
         # Automata swapped: new iterators, primed with the tail so that an entity
         # cut by the swap is still found.
         self._generation = self._index.generation
-        origin = base - len(self._tail)
-        self._iterators = [(a.iter(self._tail + delta), origin) for a in self._index.automata()]
+        origin = base - len(tail)
+        self._iterators = [(a.iter(tail + delta), origin) for a in self._index.automata()]
     else:
         for it, _ in self._iterators:
             it.set(delta, False)
@@ -156,9 +159,9 @@ def entity_feed(self: EntityScanner, delta: str) -> list[tuple[int, int, str]]:
         for end, (entity_id, text) in it:
             if origin + end + 1 > base:
                 candidates.append((origin + end + 1, entity_id, text))
-    window = self._tail + delta
+    window = tail + delta
     if pending := self._index.pending:
-        window_base = base - len(self._tail)
+        window_base = base - len(tail)
         for entity_id, key in pending:
             start = window.find(key)
             while start != -1:
@@ -167,7 +170,7 @@ def entity_feed(self: EntityScanner, delta: str) -> list[tuple[int, int, str]]:
                     candidates.append((end, entity_id, key))
                 start = window.find(key, start + 1)
     longest = self._index.longest
-    self._tail = window[-(longest - 1) :] if longest > 1 else ""
+    self._window_tail = window[-(longest - 1) :] if longest > 1 else ""
     if not candidates and not self._undecided:
         return []  # most deltas: nothing to confirm
     return self._confirm(candidates, final=False)
