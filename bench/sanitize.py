@@ -116,7 +116,10 @@ def main() -> int:
         print("self-check: ASan reported a planted double free")
         started = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args.tests],
+            # --capture=sys: pytest's default capture of the file descriptors loses what
+            # a sanitizer writes to fd 2 before it ends the process (seen: "no summary").
+            [sys.executable, "-m", "pytest", "-q", "--capture=sys", "-p", "no:cacheprovider",
+             *args.tests],
             cwd=tree, env=env, capture_output=True, text=True, timeout=3600,
         )  # fmt: skip
     output = done.stdout + done.stderr

@@ -893,6 +893,8 @@ cdef class Column:
             for i in range(n):
                 other.data[i] = <uint64_t>values[i]  # OverflowError: nothing appended
             other.size = n
+        if other.size == 0:
+            return  # memcpy may not take the NULL of an empty column, even for 0 bytes
         if self.size + other.size > self.capacity:
             self.grow(self.size + other.size)
         memcpy(self.data + self.size, other.data, other.size * sizeof(uint64_t))
