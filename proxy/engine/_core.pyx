@@ -146,8 +146,18 @@ def kgrams(hashes, int k):
     """The fingerprint of every k-gram of ``hashes`` (unit hashes, 64-bit ints: a list
     or a ``Column``), in order: ``Hasher.kgram`` of each window, rolled from the one
     before."""
-    cdef Column column = hashes if isinstance(hashes, Column) else Column(hashes)
-    return kgrams_from(column.data, column.size, 0, k)
+    if isinstance(hashes, Column):
+        return kgrams_from((<Column>hashes).data, (<Column>hashes).size, 0, k)
+    cdef Py_ssize_t n = len(hashes), i
+    cdef uint64_t* values = <uint64_t*>malloc(max(n, 1) * sizeof(uint64_t))
+    if values == NULL:
+        raise MemoryError()
+    try:
+        for i in range(n):
+            values[i] = <uint64_t>hashes[i]
+        return kgrams_from(values, n, 0, k)
+    finally:
+        free(values)
 
 
 def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
@@ -884,21 +894,28 @@ cdef class Column:
         """Append ``values`` (ints that fit 64 unsigned bits): all of them, or none when
         one does not fit or a buffer of the column is exported."""
         self.resizable()
-        cdef Column other = values if isinstance(values, Column) else Column.__new__(Column)
+        cdef Column other
         cdef Py_ssize_t i, n
-        if other is not values:
+        if isinstance(values, Column):
+            other = values
+            n = other.size
+            if n == 0:
+                return  # memcpy may not take the NULL of an empty column, even for 0 bytes
+            if self.size + n > self.capacity:
+                self.grow(self.size + n)
+            memcpy(self.data + self.size, other.data, n * sizeof(uint64_t))
+            self.size += n
+            return
+        if not isinstance(values, (list, tuple)):
             values = list(values)
-            n = len(values)
-            other.grow(n)
-            for i in range(n):
-                other.data[i] = <uint64_t>values[i]  # OverflowError: nothing appended
-            other.size = n
-        if other.size == 0:
-            return  # memcpy may not take the NULL of an empty column, even for 0 bytes
-        if self.size + other.size > self.capacity:
-            self.grow(self.size + other.size)
-        memcpy(self.data + self.size, other.data, other.size * sizeof(uint64_t))
-        self.size += other.size
+        n = len(values)
+        if self.size + n > self.capacity:
+            self.grow(self.size + n)
+        for i in range(n):
+            # Written past the size, which moves only once all fit: an OverflowError
+            # leaves the column as it was.
+            self.data[self.size + i] = <uint64_t>values[i]
+        self.size += n
 
     def pop(self):
         cdef Py_ssize_t i = self.position(-1)
@@ -1259,6 +1276,24 @@ cdef class DeltaScanner:
     def scan(self, response, state, str delta):
         return self.step(response, state, delta)
 
+    def flush(self, response, ChoiceColumns columns):
+        """The end of the choice's stream: its held-back word, a unit now, appended to
+        the columns (``StreamTokenizer.flush`` and ``ResponseScan.add_batch``, as
+        ``detector.PythonDeltaScanner.flush`` runs them). Returns ``(first, k-grams)``:
+        the new k-grams and the index of the first, for ``scan_kgrams`` to finish."""
+        cdef TokenizerState tokenizer = columns.tokenizer
+        cdef str text = tokenizer._pending
+        cdef Py_ssize_t base = tokenizer._pending_at, consumed = tokenizer._consumed
+        cdef Py_ssize_t before = columns.hashes.size
+        tokenizer._pending, tokenizer._pending_at = "", consumed
+        if text:
+            if PyUnicode_IS_ASCII(text):
+                self._add_ascii(columns, tokenizer, text, base, consumed, True)
+            else:
+                self._add_batch(columns, tokenizer, text, base, consumed, True)
+        cdef Py_ssize_t first = max(0, before - self.k + 1)
+        return first, kgrams_from(columns.hashes.data, columns.hashes.size, first, self.k)
+
     cdef object step(self, response, ChoiceColumns columns, str delta):
         if not delta:
             return None
@@ -1269,9 +1304,9 @@ cdef class DeltaScanner:
         cdef Py_ssize_t before = columns.hashes.size
         tokenizer._consumed = consumed
         if PyUnicode_IS_ASCII(text):
-            if not self._add_ascii(columns, tokenizer, text, base, consumed):
+            if not self._add_ascii(columns, tokenizer, text, base, consumed, False):
                 return None
-        elif not self._add_batch(columns, tokenizer, text, base, consumed):
+        elif not self._add_batch(columns, tokenizer, text, base, consumed, False):
             return None
         cdef Py_ssize_t first = before - self.k + 1
         if first < 0:
@@ -1282,10 +1317,11 @@ cdef class DeltaScanner:
         return self._classify(response, columns, first, fps)
 
     cdef Py_ssize_t _add_ascii(self, ChoiceColumns columns, TokenizerState tokenizer,
-                               str text, Py_ssize_t base, Py_ssize_t consumed) except -1:
+                               str text, Py_ssize_t base, Py_ssize_t consumed,
+                               bint final) except -1:
         """The tokenizer's step on ASCII ``text`` (``ascii_units``'s loop), its units
-        appended straight to the columns; the word that touches the end is held back.
-        Returns how many units it added."""
+        appended straight to the columns; the word that touches the end is held back,
+        unless the stream has ended (``final``). Returns how many units it added."""
         cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
         cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, start, added = 0
         cdef Column cumulative = columns.cumulative
@@ -1296,7 +1332,7 @@ cdef class DeltaScanner:
             start = next_word(data, i, n, &i, &upper)
             if start == n:
                 break
-            if i == n:  # the word touches the end of the stream so far: it may continue
+            if i == n and not final:  # the word touches the end so far: it may continue
                 tokenizer._pending = PyUnicode_Substring(text, start, n)
                 tokenizer._pending_at = base + start
                 break
@@ -1332,15 +1368,17 @@ cdef class DeltaScanner:
         return value
 
     cdef Py_ssize_t _add_batch(self, ChoiceColumns columns, TokenizerState tokenizer,
-                               str text, Py_ssize_t base, Py_ssize_t consumed) except -1:
+                               str text, Py_ssize_t base, Py_ssize_t consumed,
+                               bint final) except -1:
         """The tokenizer's step on other text (``unit_batch``: words, CJK characters),
         its units appended to the columns; a word (not a CJK character) that touches the
-        end is held back. Returns how many units it added."""
+        end is held back, unless the stream has ended (``final``). Returns how many
+        units it added."""
         batch = self.unit_batch(text, base)
         cdef list texts = batch.texts, starts = batch.starts, ends = batch.ends
         cdef list weights = batch.weights
         cdef Py_ssize_t n = len(texts), i
-        if n and ends[n - 1] == consumed and weights[n - 1] == self.word_weight:
+        if not final and n and ends[n - 1] == consumed and weights[n - 1] == self.word_weight:
             start = starts.pop()
             texts.pop()
             ends.pop()

@@ -563,6 +563,10 @@ class PythonDeltaScanner:
         # A delta that only continues a word completes no unit: nothing to scan or learn.
         return response.add_batch(state, batch) if batch.texts else None
 
+    def flush(self, response: ResponseScan, state: _ChoiceState) -> tuple[int, list[int]]:
+        """The end of the choice's stream: its held-back word's k-grams."""
+        return response.add_batch(state, state.tokenizer.flush())
+
 
 class ResponseScan(_core.ScanFields):
     """Scans one response, delta by delta, per choice. Also records the response's
@@ -609,8 +613,9 @@ class ResponseScan(_core.ScanFields):
             self._now = now
         found: list[Finding] = []
         seq = self.engine.tick()
+        scanner = self.engine._delta_scanner or self.engine.delta_scanner()
         for choice, state in self._choices.items():
-            found += self._scan_batch(state, choice, state.tokenizer.flush(), final=True)
+            found += self._scan_kgrams(state, choice, *scanner.flush(self, state), final=True)
             if state.entities is not None:
                 found += self._met_entities(state, choice, state.entities.finish())
                 raw = state.entities.raw_text
@@ -755,14 +760,6 @@ class ResponseScan(_core.ScanFields):
         )
 
     # -- fragments -----------------------------------------------------------------
-
-    def _scan_batch(
-        self, state: _ChoiceState, choice: int, batch: UnitBatch, *, final: bool = False
-    ) -> list[Finding]:
-        """Scan units the tokenizer completed (``_scan_units`` takes keyed columns: the
-        live scan's and a replayed record's)."""
-        first, fps = self.add_batch(state, batch)
-        return self._scan_kgrams(state, choice, first, fps, final=final)
 
     def add_batch(self, state: _ChoiceState, batch: UnitBatch) -> tuple[int, list[int]]:
         """Append the units the tokenizer completed to the choice's columns (keyed:
