@@ -730,6 +730,30 @@ def test_a_later_request_that_ends_first_does_not_own_what_an_earlier_stream_wro
     assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "C")]  # the latest
 
 
+def test_an_answer_to_the_same_question_explains_an_entity_whoever_else_holds_it():
+    """A's answer holds a reference the model wrote; an unnoticed copy of it sits in B's
+    answer to another question (a misroute the detector missed, or another replica's
+    record: added here as B's use). C asks A's question and gets the same answer: the
+    model's answer to that question, not B's leak (the fresh enforce e2e test once
+    blocked such a clean answer, naming the tenant of the unnoticed copy)."""
+    question = "Book me a table for two at the harbour restaurant on Friday."
+
+    def with_unnoticed_copy() -> Engine:
+        engine = make_engine()
+        assert exchange(engine, "A", "a-1", question, MODEL_REFERENCE, T0) == []
+        b = engine.observe_prompt("B", "b-1", "Which museums in Oslo open on Mondays?", now=T0 + 1)
+        b.feed("Most of them do.", now=T0 + 1)
+        b.finish(now=T0 + 1)
+        (entity_id,) = engine.entities.table
+        engine.entities.add(entity_id, "digit_id", "B", (b.slot << 1) | 1, T0 + 1)
+        return engine
+
+    assert exchange(with_unnoticed_copy(), "C", "c-1", question, MODEL_REFERENCE, T0 + 2) == []
+    # Control: in an answer to another question, it is a leak.
+    found = exchange(with_unnoticed_copy(), "D", "d-1", "Capital?", "It is REF-76242946.", T0 + 2)
+    assert [f.kind for f in found] == [ENTITY]
+
+
 # -- privacy -------------------------------------------------------------------------
 
 

@@ -1055,7 +1055,11 @@ class ResponseScan(_core.ScanFields):
     ) -> list[tuple[str, RequestRecord]]:
         """(tenant, request) of each other use of an entity that makes it a finding,
         latest first: a canary's (its request never leaves the window); another one's
-        while its request is in the window, unless it answered the same question."""
+        while its request is in the window. None when an answer to the same question
+        holds it, whoever else does (as for text, ``_foreign_values``): the model's
+        answer to this question, which an unnoticed leak of it into another tenant's
+        answer does not make that tenant's (seen in the fresh enforce e2e test: a
+        misrouted copy in a third tenant's answer got a clean answer blocked)."""
         sources = []
         model_born = not is_canary and owner.model_born()
         for tenant, (value, _) in sorted(owner.tenants.items(), key=lambda item: -item[1][1]):
@@ -1063,8 +1067,13 @@ class ResponseScan(_core.ScanFields):
             if model_born and self._ended_first(value):
                 continue
             record = self.engine._requests.get(slot) if is_canary else self._source_record(slot)
-            if record is not None and not (value & 1 and self._same_question(slot)):
-                sources.append((tenant, record))
+            if record is None:
+                continue
+            if value & 1 and self._same_question(slot):
+                if is_canary:
+                    continue
+                return []
+            sources.append((tenant, record))
         return sources
 
 
