@@ -146,18 +146,13 @@ def kgrams(hashes, int k):
     """The fingerprint of every k-gram of ``hashes`` (unit hashes, 64-bit ints: a list
     or a ``Column``), in order: ``Hasher.kgram`` of each window, rolled from the one
     before."""
+    cdef Column column
     if isinstance(hashes, Column):
-        return kgrams_from((<Column>hashes).data, (<Column>hashes).size, 0, k)
-    cdef Py_ssize_t n = len(hashes), i
-    cdef uint64_t* values = <uint64_t*>malloc(max(n, 1) * sizeof(uint64_t))
-    if values == NULL:
-        raise MemoryError()
-    try:
-        for i in range(n):
-            values[i] = <uint64_t>hashes[i]
-        return kgrams_from(values, n, 0, k)
-    finally:
-        free(values)
+        column = hashes
+    else:
+        column = Column.__new__(Column)
+        column.extend_from(hashes)
+    return kgrams_from(column.data, column.size, 0, k)
 
 
 def sketch_counts(const unsigned short[::1] flat, tuple seeds, uint64_t mask,
@@ -894,18 +889,21 @@ cdef class Column:
         """Append ``values`` (ints that fit 64 unsigned bits): all of them, or none when
         one does not fit or a buffer of the column is exported."""
         self.resizable()
+        self.extend_from(values)
+
+    cdef int extend_from(self, values) except -1:
         cdef Column other
         cdef Py_ssize_t i, n
         if isinstance(values, Column):
             other = values
             n = other.size
             if n == 0:
-                return  # memcpy may not take the NULL of an empty column, even for 0 bytes
+                return 0  # memcpy may not take the NULL of an empty column, even for 0 bytes
             if self.size + n > self.capacity:
                 self.grow(self.size + n)
             memcpy(self.data + self.size, other.data, n * sizeof(uint64_t))
             self.size += n
-            return
+            return 0
         if not isinstance(values, (list, tuple)):
             values = list(values)
         n = len(values)
@@ -916,6 +914,7 @@ cdef class Column:
             # leaves the column as it was.
             self.data[self.size + i] = <uint64_t>values[i]
         self.size += n
+        return 0
 
     def pop(self):
         cdef Py_ssize_t i = self.position(-1)
@@ -1836,6 +1835,8 @@ def entity_needs(str text):
 # --- the entity scan's per-delta step --------------------------------------------------
 
 
+cdef uint64_t GRAM_BASE = 0x100003ULL  # the final gram's polynomial base
+
 cdef enum:
     FINAL_GRAM = 6  # characters of a key's end that the prefilter hashes (MIN_ENTITY_CHARS)
     FINAL_BITS = 22  # a 512 KiB bitmap, two bits a key: 10,000 keys pass ~1 delta in 10,000
@@ -1847,7 +1848,7 @@ cdef inline uint64_t final_gram(int kind, const void* data, Py_ssize_t end) noex
     cdef uint64_t h = 0
     cdef Py_ssize_t i
     for i in range(end - FINAL_GRAM + 1, end + 1):
-        h = h * 0x100003ULL + <uint64_t>PyUnicode_READ(kind, <void*>data, i)
+        h = h * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, i)
     return mix64(h)
 
 
@@ -1938,11 +1939,11 @@ cdef class EntityIndexFields:
         if total < FINAL_GRAM:
             return False
         for i in range(FINAL_GRAM - 1):
-            top *= 0x100003ULL  # the oldest character's multiplier
+            top *= GRAM_BASE  # the oldest character's multiplier
         for i in range(FINAL_GRAM - 1):
-            gram = gram * 0x100003ULL + char_at(history, h, kind, data, i)
+            gram = gram * GRAM_BASE + char_at(history, h, kind, data, i)
         for end in range(FINAL_GRAM - 1, total):
-            gram = gram * 0x100003ULL + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
+            gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
             if final_marked(self.finals, mix64(gram)):
                 return True
             # the oldest character of this gram leaves it

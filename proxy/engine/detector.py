@@ -613,7 +613,7 @@ class ResponseScan(_core.ScanFields):
             self._now = now
         found: list[Finding] = []
         seq = self.engine.tick()
-        scanner = self.engine._delta_scanner or self.engine.delta_scanner()
+        scanner = self.engine.delta_scanner()
         for choice, state in self._choices.items():
             found += self._scan_kgrams(state, choice, *scanner.flush(self, state), final=True)
             if state.entities is not None:
