@@ -2,7 +2,8 @@
 same texts (the quality workload's prompts and answers, ASCII ones, as the engine sees
 them in 1-3 word deltas and whole) through ``_core.ascii_units`` and
 ``reference.ascii_units``, and their unit hashes through ``_core.kgrams`` and
-``reference.kgrams``. Alternating rounds, best of ``--rounds``; MB/s of text, and the
+``reference.kgrams``; the same deltas through the degenerate-output test
+(``_core.DegenerateFeed`` and ``reference.DegenerateDetector``). Alternating rounds, best of ``--rounds``; MB/s of text, and the
 ratio. Exits 1 when the outputs differ, or when a compiled function is not at least
 ``MIN_SPEEDUP`` times faster than its reference on whole texts and hashes. On 1-3 word
 deltas both spend their time in the call itself: that row is reported, not judged (the
@@ -33,9 +34,18 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_core_parity import HASHER, workload_texts  # noqa: E402
 
 from proxy.engine import _core, reference  # noqa: E402
+from proxy.engine.degenerate import DegenerateDetector  # noqa: E402
 from proxy.engine.index import _ANY_BITS, CommonnessSketch, FingerprintIndex  # noqa: E402
 
 MIN_SPEEDUP = 2.0
+
+
+def degenerate_run(detector, deltas: list[str]) -> tuple[str | None, int]:
+    """A degenerate-output test over one output's deltas: (reason, units judged)."""
+    for delta in deltas:
+        detector.feed(delta)
+    detector.finish()
+    return detector.reason, detector.units
 
 
 def deltas_of(text: str) -> list[str]:
@@ -97,6 +107,7 @@ def main() -> int:
     args = p.parse_args()
     texts = [t for t in workload_texts(args.requests) if t.isascii()]
     deltas = [d for t in texts for d in deltas_of(t)]
+    per_text = [deltas_of(t) for t in texts]
     hashes = [HASHER.units(_core.ascii_units(t)[0]) for t in texts]
     mb_whole = sum(len(t) for t in texts) / 1e6
     mb_deltas = sum(len(d) for d in deltas) / 1e6
@@ -108,6 +119,9 @@ def main() -> int:
          lambda f: [f(d, 0) for d in deltas], _core.ascii_units, reference.ascii_units, False),
         ("k-gram fingerprints (k=4)", mb_whole,
          lambda f: [f(h, 4) for h in hashes], _core.kgrams, reference.kgrams, True),
+        ("degenerate-output step, 2-word deltas", mb_deltas,
+         lambda f: [degenerate_run(f(), d) for d in per_text], DegenerateDetector,
+         reference.DegenerateDetector, True),
     ]  # fmt: skip
     for name, mb, run, compiled, python, judged in cases:
         if run(compiled) != run(python):

@@ -8,6 +8,7 @@ on a free 127.0.0.1 port and stopped at the end of its fixture.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import random
@@ -166,6 +167,14 @@ def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 60.
             proc.kill()
             proc.wait(5)
     return proc.returncode
+
+
+def bench_module(name: str):
+    """A module of ``bench/`` (not a package), loaded from its file."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def read_events(path: Path) -> list[dict]:

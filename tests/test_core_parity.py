@@ -10,17 +10,19 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import bench_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import _core, reference
+from proxy.engine.degenerate import DegenerateDetector
 from proxy.engine.detector import PythonDeltaScanner
 from proxy.engine.entities import EntityIndex, EntityScanner
 from proxy.engine.fingerprint import Hasher
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.tokens import StreamTokenizer, unit_batch
 from proxy.sim.answers import answer_for
-from proxy.sim.faults import FaultInjector
+from proxy.sim.faults import FaultInjector, degenerate_text
 from proxy.sim.templates import render
 from proxy.sim.workload import Workload
 
@@ -656,3 +658,60 @@ def test_the_compiled_step_marks_the_specific_numbers_the_python_one_marks(words
     scan.finish(now=1.0)
     numbers = scan.record().choices[0].numbers.tolist()
     assert numbers == [is_specific_number(u) for u in unit_texts(text)]
+
+
+def degenerate_trace(detector, text: str, cuts: list[int]) -> list[tuple[object, int]]:
+    """(what ``feed`` returned, units judged) after each delta of ``text`` cut at ``cuts``,
+    then after ``finish``."""
+    trace, start = [], 0
+    for end in [*sorted(cuts), len(text)]:
+        trace.append((detector.feed(text[start:end]), detector.units))
+        start = max(start, end)
+    trace.append((detector.finish(), detector.units))
+    return trace
+
+
+def degenerate_texts() -> list[str]:
+    """Clean answers, the simulator's garbage (loops, token soup, token ids) and the
+    hand-written corpus of scripts, tables and code that must not trip."""
+    corpus = bench_module("degenerate_corpus")
+    rng = random.Random(11)
+    answers = [answer_for(r.prompt_text()) for r in Workload(tenants=12, seed=8).requests(200)]
+    garbage = [degenerate_text(answer, rng)[0] for answer in answers]
+    tables = [corpus.markdown_table(rng) for _ in range(50)]
+    return [*answers, *garbage, *corpus.MULTILINGUAL.values(), *tables]
+
+
+def test_the_compiled_degenerate_step_trips_as_the_reference_does():
+    texts = degenerate_texts()
+    rng = random.Random(12)
+    reasons = set()
+    for text in texts:
+        cuts = [rng.randrange(len(text) + 1) for _ in range(len(text) // 4)]
+        compiled = degenerate_trace(DegenerateDetector(), text, cuts)
+        assert compiled == degenerate_trace(reference.DegenerateDetector(), text, cuts), text
+        reasons.add(next((r for r, _ in compiled if r), None))
+    assert reasons == {None, "repetition", "mixed_scripts", "token_artifacts"}
+
+
+DEGENERATE_PIECES = st.sampled_from(
+    ["word", "the", " ", "  ", "\n", "\t", "\u3000", "\u00a0", "的", "ガ", "한", "Ѯ", "ⴰ",
+     "ᚠ", "ꓐ", "\ufffd", "\u2581", "Ġ", "ĠĠ", "<|endoftext|>", "<unk>", "<", "|", "---",
+     ":--:", "#", "é", "😀", "𝔸", "x" * 300]
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(DEGENERATE_PIECES, max_size=120), st.lists(st.integers(0, 4000), max_size=40))
+def test_random_text_trips_the_compiled_degenerate_step_as_the_reference(pieces, cuts):
+    text = "".join(pieces)
+    compiled = degenerate_trace(DegenerateDetector(), text, cuts)
+    assert compiled == degenerate_trace(reference.DegenerateDetector(), text, cuts)
+
+
+def test_a_delta_ending_in_a_newline_keeps_its_last_unit_apart():
+    # Python's "$" also matches before a final newline: the held-back unit of "again\n"
+    # lost its newline and ran into the next delta's, so a loop of lines never tripped.
+    for detector in (DegenerateDetector(), reference.DegenerateDetector()):
+        reasons = [detector.feed("again\n") for _ in range(40)]
+        assert "repetition" in reasons

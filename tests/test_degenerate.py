@@ -9,23 +9,18 @@ and not, with the answer delivered untouched (never blocking, even in enforce mo
 
 from __future__ import annotations
 
-import importlib.util
 import random
 
 import openai
 import pytest
-from conftest import ROOT, run_mitmdump, wait_for_events
+from conftest import bench_module, run_mitmdump, wait_for_events
 
 from proxy.engine.degenerate import DegenerateDetector, RateWindow
 from proxy.sim.answers import answer_for
 from proxy.sim.faults import degenerate_text
 from proxy.sim.workload import Workload
 
-_spec = importlib.util.spec_from_file_location(
-    "degenerate_corpus", ROOT / "bench" / "degenerate_corpus.py"
-)
-corpus = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(corpus)
+corpus = bench_module("degenerate_corpus")
 
 
 def run(text: str, rng: random.Random, sizes=(1, 2, 3, 5, 8, 13)) -> str | None:

@@ -21,9 +21,9 @@ included) and trips at most once, with a reason:
 * ``replacement_chars``: at least ``replacement_chars`` U+FFFD characters (bytes that
   were not UTF-8: a detokenizer fed token ids from another sequence).
 
-A unit is a CJK character or a run of other non-space characters. The cost is a few
-microseconds per delta: units are looked at once, ASCII units skip the script test, and
-rare characters are found by one compiled character class.
+A unit is a CJK character or a run of other non-space characters. The step is compiled
+(``_core.DegenerateFeed``): units are looked at once, in C, and only units with rare
+characters or a special token's first character call back into Python.
 
 :class:`RateWindow` counts exchanges and degenerate ones per key (the upstream) over a
 sliding time window, in buckets: ``rate(key)`` is what a dashboard plots.
@@ -39,6 +39,8 @@ import time
 import unicodedata
 from collections import deque
 from dataclasses import dataclass
+
+from proxy.engine import _core
 
 __all__ = ["REASONS", "DegenerateConfig", "DegenerateDetector", "ExchangeWatch", "RateWindow"]
 
@@ -102,13 +104,8 @@ def _rare_class() -> re.Pattern[str]:
 
 
 _RARE = _rare_class()
-_CJK = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uff60"
-_UNITS = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
-_TAIL = re.compile(f"[^\\s{_CJK}]+$")  # an unfinished unit at the end of a delta
-_TABLE_SYNTAX = re.compile(r"[|:+=*#-]+")  # markdown table/rule/heading syntax: no unit
-_TABLE_CHARS = frozenset("|:+=*#-")  # a unit that starts with none of these is no syntax
+_COMMON = _core.CodepointRanges(_COMMON_RANGES)
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]{2,32}\|>|<unk>|<pad>|ĠĠ")
-_BPE_SPACE = "▁"  # SentencePiece's word marker, alone
 
 
 def _script(ch: str) -> str:
@@ -117,144 +114,28 @@ def _script(ch: str) -> str:
     return name.split(" ", 1)[0] if name else f"U+{ord(ch) >> 7:04X}"
 
 
-class DegenerateDetector:
+def rare_scripts(unit: str) -> tuple[str, ...]:
+    """The scripts of the rare characters of ``unit``, each once (any order)."""
+    return tuple({_script(ch) for ch in _RARE.findall(unit)})
+
+
+def special_tokens(unit: str) -> int:
+    """How many special tokens or doubled BPE space markers ``unit`` holds."""
+    return len(_SPECIAL.findall(unit))
+
+
+class DegenerateDetector(_core.DegenerateFeed):
     """One output stream's degenerate-output test; :meth:`feed` deltas, then :meth:`finish`.
 
-    Both return the reason the first time the test trips, else None; ``reason`` keeps it.
+    Both return the reason the first time the test trips, else None; ``reason`` keeps it,
+    ``units`` counts the units judged. The step is compiled (``_core.DegenerateFeed``);
+    ``reference.DegenerateDetector`` is the Python it is held to.
     """
 
-    __slots__ = (
-        "config",
-        "reason",
-        "units",
-        "_pending",
-        "_recent",
-        "_runs",
-        "_looping",
-        "_window",
-        "_window_rare",
-        "_scripts",
-        "_artifacts",
-        "_replacements",
-    )
+    __slots__ = ()
 
     def __init__(self, config: DegenerateConfig | None = None) -> None:
-        self.config = config or DegenerateConfig()
-        self.reason: str | None = None
-        self.units = 0
-        self._pending = ""
-        self._recent: deque[str] = deque(maxlen=self.config.max_period)
-        self._runs = [0] * (self.config.max_period + 1)
-        self._looping = False  # some run is counting (any(self._runs))
-        self._window: deque[tuple[int, tuple[str, ...]]] = deque()
-        self._window_rare = 0
-        self._scripts: dict[str, int] = {}
-        self._artifacts = 0
-        self._replacements = 0
-
-    def feed(self, delta: str) -> str | None:
-        if self.reason is not None or not delta:
-            return None
-        text = self._pending + delta
-        tail = _TAIL.search(text)
-        if tail is not None:
-            self._pending, text = tail.group(), text[: tail.start()]
-        else:
-            self._pending = ""
-        if len(self._pending) > 256:  # no whitespace for long: judge what is there
-            text, self._pending = text + self._pending, ""
-        return self._units(text)
-
-    def finish(self) -> str | None:
-        if self.reason is not None:
-            return None
-        text, self._pending = self._pending, ""
-        return self._units(text)
-
-    # -- internals -------------------------------------------------------------------
-
-    def _units(self, text: str) -> str | None:
-        if not text:
-            return None
-        for unit in _UNITS.findall(text):
-            self.units += 1
-            reason = self._unit(unit)
-            if reason is not None:
-                self.reason = reason
-                return reason
-        return None
-
-    def _unit(self, unit: str) -> str | None:
-        config = self.config
-        if unit.isascii():  # most units: no rare script, and only "<" may start a token
-            if self._window:
-                self._window_push(0, ())
-            if "<" in unit:
-                self._artifacts += len(_SPECIAL.findall(unit))
-        else:
-            rare = _RARE.findall(unit)
-            if rare and "\ufffd" in unit:
-                self._replacements += unit.count("\ufffd")
-                if self._replacements >= config.replacement_chars:
-                    return "replacement_chars"
-            if unit == _BPE_SPACE:
-                self._artifacts += 1
-            if self._window_push(len(rare), tuple({_script(ch) for ch in rare})):
-                return "mixed_scripts"
-            if "<" in unit or "Ġ" in unit:
-                self._artifacts += len(_SPECIAL.findall(unit))
-        if self._artifacts >= config.artifacts:
-            return "token_artifacts"
-        if unit[0] in _TABLE_CHARS and _TABLE_SYNTAX.fullmatch(unit):
-            return None
-        return "repetition" if self._loop(unit) else None
-
-    def _loop(self, unit: str) -> bool:
-        """Whether ``unit`` extends a run of one phrase repeated long enough."""
-        config, recent, runs = self.config, self._recent, self._runs
-        if unit not in recent:  # the common case: no period can continue
-            if self._looping:
-                self._runs = [0] * len(runs)
-                self._looping = False
-            recent.append(unit)
-            return False
-        n = len(recent)
-        looped = counting = False
-        for period in range(1, config.max_period + 1):
-            if period <= n and recent[n - period] == unit:
-                runs[period] += 1
-                counting = True
-                if runs[period] >= max(config.loop_units, config.loop_repeats * period):
-                    looped = True
-            else:
-                runs[period] = 0
-        self._looping = counting
-        recent.append(unit)
-        return looped
-
-    def _window_push(self, rare: int, scripts: tuple[str, ...]) -> bool:
-        """Slide the window of recent units' rare characters; whether it trips."""
-        window = self._window
-        window.append((rare, scripts))
-        self._window_rare += rare
-        for s in scripts:
-            self._scripts[s] = self._scripts.get(s, 0) + 1
-        if len(window) > self.config.window_units:
-            old_rare, old_scripts = window.popleft()
-            self._window_rare -= old_rare
-            for s in old_scripts:
-                left = self._scripts[s] - 1
-                if left:
-                    self._scripts[s] = left
-                else:
-                    del self._scripts[s]
-        if not self._window_rare:
-            window.clear()  # nothing rare in sight: ASCII units need not be counted
-            return False
-        return (
-            self._window_rare >= self.config.rare_chars
-            and len(self._scripts) >= self.config.rare_scripts
-        )
+        super().__init__(config or DegenerateConfig(), _COMMON, rare_scripts, special_tokens)
 
 
 class RateWindow:

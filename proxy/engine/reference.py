@@ -6,11 +6,13 @@ detection path. Each returns exactly what the compiled function it names returns
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Sequence
 
 import numpy as np
 
 from proxy.engine._core import Run
+from proxy.engine.degenerate import _RARE, DegenerateConfig, rare_scripts, special_tokens
 from proxy.engine.entities import _ASTRAL, EntityScanner, fold
 from proxy.engine.fingerprint import _MASK, _PRIME, _mix64
 
@@ -237,3 +239,151 @@ def cover(
     run.kgrams += 1
     if len(run.fingerprints) < 64:
         run.fingerprints.append(fp)
+
+
+# -- degenerate output -----------------------------------------------------------------
+
+_CJK = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\uff00-\uff60"
+_UNITS = re.compile(f"[{_CJK}]|[^\\s{_CJK}]+")
+_TAIL = re.compile(f"[^\\s{_CJK}]+\\Z")  # an unfinished unit at the end of a delta
+_TABLE_SYNTAX = re.compile(r"[|:+=*#-]+")  # markdown table/rule/heading syntax: no unit
+_TABLE_CHARS = frozenset("|:+=*#-")  # a unit that starts with none of these is no syntax
+_BPE_SPACE = "▁"  # SentencePiece's word marker, alone
+
+
+class DegenerateDetector:
+    """``degenerate.DegenerateDetector`` (``_core.DegenerateFeed``): the same reasons at
+    the same units, by regular expressions over each delta's text."""
+
+    __slots__ = (
+        "config",
+        "reason",
+        "units",
+        "_pending",
+        "_recent",
+        "_runs",
+        "_looping",
+        "_window",
+        "_window_rare",
+        "_scripts",
+        "_artifacts",
+        "_replacements",
+    )
+
+    def __init__(self, config: DegenerateConfig | None = None) -> None:
+        self.config = config or DegenerateConfig()
+        self.reason: str | None = None
+        self.units = 0
+        self._pending = ""
+        self._recent: deque[str] = deque(maxlen=self.config.max_period)
+        self._runs = [0] * (self.config.max_period + 1)
+        self._looping = False  # some run is counting (any(self._runs))
+        self._window: deque[tuple[int, tuple[str, ...]]] = deque()
+        self._window_rare = 0
+        self._scripts: dict[str, int] = {}
+        self._artifacts = 0
+        self._replacements = 0
+
+    def feed(self, delta: str) -> str | None:
+        if self.reason is not None or not delta:
+            return None
+        text = self._pending + delta
+        tail = _TAIL.search(text)
+        if tail is not None:
+            self._pending, text = tail.group(), text[: tail.start()]
+        else:
+            self._pending = ""
+        if len(self._pending) > 256:  # no whitespace for long: judge what is there
+            text, self._pending = text + self._pending, ""
+        return self._units(text)
+
+    def finish(self) -> str | None:
+        if self.reason is not None:
+            return None
+        text, self._pending = self._pending, ""
+        return self._units(text)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _units(self, text: str) -> str | None:
+        if not text:
+            return None
+        for unit in _UNITS.findall(text):
+            self.units += 1
+            reason = self._unit(unit)
+            if reason is not None:
+                self.reason = reason
+                return reason
+        return None
+
+    def _unit(self, unit: str) -> str | None:
+        config = self.config
+        if unit.isascii():  # most units: no rare script, and only "<" may start a token
+            if self._window:
+                self._window_push(0, ())
+            if "<" in unit:
+                self._artifacts += special_tokens(unit)
+        else:
+            rare = _RARE.findall(unit)
+            if rare and "\ufffd" in unit:
+                self._replacements += unit.count("\ufffd")
+                if self._replacements >= config.replacement_chars:
+                    return "replacement_chars"
+            if unit == _BPE_SPACE:
+                self._artifacts += 1
+            if self._window_push(len(rare), rare_scripts(unit)):
+                return "mixed_scripts"
+            if "<" in unit or "Ġ" in unit:
+                self._artifacts += special_tokens(unit)
+        if self._artifacts >= config.artifacts:
+            return "token_artifacts"
+        if unit[0] in _TABLE_CHARS and _TABLE_SYNTAX.fullmatch(unit):
+            return None
+        return "repetition" if self._loop(unit) else None
+
+    def _loop(self, unit: str) -> bool:
+        """Whether ``unit`` extends a run of one phrase repeated long enough."""
+        config, recent, runs = self.config, self._recent, self._runs
+        if unit not in recent:  # the common case: no period can continue
+            if self._looping:
+                self._runs = [0] * len(runs)
+                self._looping = False
+            recent.append(unit)
+            return False
+        n = len(recent)
+        looped = counting = False
+        for period in range(1, config.max_period + 1):
+            if period <= n and recent[n - period] == unit:
+                runs[period] += 1
+                counting = True
+                if runs[period] >= max(config.loop_units, config.loop_repeats * period):
+                    looped = True
+            else:
+                runs[period] = 0
+        self._looping = counting
+        recent.append(unit)
+        return looped
+
+    def _window_push(self, rare: int, scripts: tuple[str, ...]) -> bool:
+        """Slide the window of recent units' rare characters; whether it trips."""
+        window = self._window
+        window.append((rare, scripts))
+        self._window_rare += rare
+        for s in scripts:
+            self._scripts[s] = self._scripts.get(s, 0) + 1
+        if len(window) > self.config.window_units:
+            old_rare, old_scripts = window.popleft()
+            self._window_rare -= old_rare
+            for s in old_scripts:
+                left = self._scripts[s] - 1
+                if left:
+                    self._scripts[s] = left
+                else:
+                    del self._scripts[s]
+        if not self._window_rare:
+            window.clear()  # nothing rare in sight: ASCII units need not be counted
+            return False
+        return (
+            self._window_rare >= self.config.rare_chars
+            and len(self._scripts) >= self.config.rare_scripts
+        )
