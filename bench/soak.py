@@ -19,7 +19,7 @@
   degraded, then recovered, and no request fails;
 * the live findings equal a replay of the capture (``--capture``), except exchanges
   the live detector did not scan: none differs on an exchange that carried no leak (the
-  simulator's truth), and at most 1% on leaked ones (borderline findings that the order
+  simulator's truth), and at most 1.5% on leaked ones (borderline findings that the order
   of concurrent streams or a window's edge tips either way). Replayed per detector lifetime: a restarted detector
   starts with what the shared index held (the window before its start), not with the
   commonness its predecessor learned, so each lifetime's exchanges are compared with a
@@ -66,7 +66,7 @@ MAX_SLOPE_MB_PER_HOUR = 30.0
 MAX_FD_DRIFT = 10
 PLATEAU_JUDGED_MINUTES = 30.0  # shorter runs report the RSS slope without judging it
 REDIS_DOWN_SECONDS = 3.0
-MAX_BORDERLINE = 0.01  # live/replay differences on leaked exchanges, share of live findings
+MAX_BORDERLINE = 0.015  # live/replay differences on leaked exchanges, share of live findings
 # The rare-word tracking of learned commonness is bounded (detection.max_rare_words); at
 # the default (1,000,000) this workload fills it in about 40 minutes, so a plateau
 # would come after the second half begins. A fifth of it fills within 10 minutes.
@@ -101,10 +101,10 @@ def thinned(samples: list[tuple[float, float]], every: float) -> list[tuple[int,
     return out
 
 
-def finding_keys(events) -> dict[tuple[str, str], str]:
-    """(victim request, source tenant) -> source request, of every leak.detected."""
+def finding_keys(events) -> dict[tuple[str, str], tuple[str | None, str]]:
+    """(victim request, source tenant) -> (source request, kind), of every leak.detected."""
     return {
-        (e["request_id"], e["source_tenant"]): e.get("source_request_id")
+        (e["request_id"], e["source_tenant"]): (e.get("source_request_id"), e.get("kind", ""))
         for e in events
         if e["event"] == "leak.detected"
     }
@@ -145,7 +145,9 @@ def capture_since(capture: Path, since: float, out: Path) -> Path:
     return out
 
 
-def replay_findings(capture: Path, cfg: Path, log: Path) -> dict[tuple[str, str], str]:
+def replay_findings(
+    capture: Path, cfg: Path, log: Path
+) -> dict[tuple[str, str], tuple[str | None, str]]:
     subprocess.run(
         [sys.executable, "-m", "proxy", "replay", str(capture), "--config", str(cfg),
          "--log-file", str(log)],
@@ -156,12 +158,12 @@ def replay_findings(capture: Path, cfg: Path, log: Path) -> dict[tuple[str, str]
 
 def replay_per_lifetime(
     events: list[dict], capture: Path, cfg: Path, window: float, work: Path
-) -> dict[tuple[str, str], str]:
+) -> dict[tuple[str, str], tuple[str | None, str]]:
     """The replay's findings, each victim judged by a replay that starts where the live
     detector that scanned it started (see the module docstring)."""
     arrived = arrivals(capture)
     spans = lifetimes(events, window)
-    found: dict[tuple[str, str], str] = {}
+    found: dict[tuple[str, str], tuple[str | None, str]] = {}
     for i, (ready, held_from) in enumerate(spans):
         until = spans[i + 1][0] if i + 1 < len(spans) else float("inf")
         part = capture if i == 0 else capture_since(capture, held_from, work / f"life{i}.flows")
@@ -373,14 +375,16 @@ def main() -> int:
     fd_half = [n for t, n in fds if t >= half]
     # A finding whose victim or source the live detector never scanned is the replay's alone.
     differ = {
-        k for k in live.keys() ^ replayed.keys() if not {k[0], (live | replayed)[k]} & unscanned
+        k for k in live.keys() ^ replayed.keys() if not {k[0], (live | replayed)[k][0]} & unscanned
     }
     # Judged by the simulator's truth: a difference on an exchange that carried no leak is
     # a false alarm on one side; one on a leaked exchange is a borderline finding that the
-    # order of concurrent streams or a lifetime's window edge tipped (measured: 0-1 such in
-    # each run, live or replay alike), tolerated up to MAX_BORDERLINE of the findings.
+    # order of concurrent streams or a lifetime's window edge tipped (measured: 0-2 such in
+    # a run of ~150 findings, live or replay alike; the clock bug of 0d8a261 made 3.2%),
+    # tolerated up to MAX_BORDERLINE of the findings.
     truth = (work / "truth.jsonl").read_text().splitlines()
-    faulted = {json.loads(line)["request_id"] for line in truth if line.strip()}
+    faults = {t["request_id"]: t for t in map(json.loads, filter(str.strip, truth))}
+    faulted = faults.keys()
     on_clean = sorted(k for k in differ if k[0] not in faulted)
     figures = {
         "seconds": seconds,
@@ -405,8 +409,19 @@ def main() -> int:
         "replay_findings": len(replayed),
         "live_replay_differ_outside_unscanned": len(differ),
         "of_which_on_clean_exchanges": len(on_clean),
-        # (victim request, source tenant, which side found it): what to look at first.
-        "differences": sorted([*k, "live" if k in live else "replay"] for k in differ)[:20],
+        # (victim request, source tenant, which side found it, its kind and source
+        # request; the fault the simulator planted in the victim: kind, source request):
+        # what to look at first, enough to tell a race from a regression.
+        "differences": sorted(
+            [
+                *k,
+                "live" if k in live else "replay",
+                *(live | replayed)[k],
+                faults.get(k[0], {}).get("kind"),
+                faults.get(k[0], {}).get("source_request_id"),
+            ]
+            for k in differ
+        )[:20],
     }
     plateau = all(v <= MAX_SLOPE_MB_PER_HOUR for v in slopes.values())
     checks = {
