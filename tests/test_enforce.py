@@ -4,16 +4,19 @@ monitor driving a real engine over OpenAI-format streams cut at every chunk size
 from __future__ import annotations
 
 import gc
+import itertools
 import time
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.config import ConfigError, load
 from proxy.engine import Engine, EngineConfig
 from proxy.pipeline.exchange import GC_PAUSES, Enforcement, ExchangeMonitor
 from proxy.pipeline.gate import StreamGate
-from proxy.protocols.sse import SSEFramer
+from proxy.protocols.sse import _EVENT_END, SSEFramer
 
 PRIVATE = (
     "Invoice 77120 for Bellwether Marine covers hull repairs at Dock 14 in Gdansk and the "
@@ -219,6 +222,26 @@ def test_framer_keeps_bytes_and_event_boundaries():
         assert b"".join(events) + f.close() == data
         assert events == [b"data: a\r\n\r\n", b": ping\n\n", b"data: b\rdata: c\r\r",
                           b"data: d\n\n"]  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from([b"data: x", b"\n", b"\r", b"\r\n", b": p", b" "]), max_size=60),
+    st.lists(st.integers(1, 12), min_size=1, max_size=20),
+)
+def test_framer_cuts_any_chunking_as_the_pattern_cuts_the_whole(pieces, sizes):
+    data = b"".join(pieces)
+    held = data.endswith(b"\r")  # a last "\r" waits for a "\n" that may follow
+    ends = [m.end() for m in _EVENT_END.finditer(data, 0, len(data) - held)]
+    expected = [data[a:b] for a, b in zip([0, *ends], ends, strict=False)]
+    f, events, i = SSEFramer(), [], 0
+    for size in itertools.cycle(sizes):
+        if i >= len(data):
+            break
+        events += f.feed(data[i : i + size])
+        i += size
+    assert events == expected
+    assert b"".join(events) + f.close() == data
 
 
 def test_policy_by_tenant_and_route():

@@ -232,6 +232,11 @@ class SSEFramer:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         buf = self._buffer + chunk
+        if b"\r" not in buf:
+            # Line feeds only, as most servers send: an event ends at each "\n\n", taken
+            # from the left as the pattern would (a replay cuts whole bodies here).
+            *events, self._buffer = buf.split(b"\n\n")
+            return [event + b"\n\n" for event in events]
         searchable = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
         events = []
         start = 0
