@@ -7,6 +7,12 @@ install, instead of a compiler's traceback.
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.errors import CCompilerError, ExecError, PlatformError
+
+# What a missing or broken C toolchain raises (CompileError and LinkError are
+# CCompilerErrors). Cython's own CompileError, a .pyx it cannot translate, is not one:
+# installing a compiler would not help, so its report goes out as it is.
+TOOLCHAIN_ERRORS = (CCompilerError, ExecError, PlatformError)
 
 NO_COMPILER = """
 crosstalk: building the compiled core (proxy/engine/_core.pyx) needs a C compiler and
@@ -28,11 +34,8 @@ class BuildCore(build_ext):
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
-        except Exception as e:  # CompileError, CCompilerError, DistutilsExecError...
-            name = type(e).__name__
-            if "Compile" in name or "Exec" in name or "Platform" in name:
-                raise SystemExit(NO_COMPILER.format(error=f"{name}: {e}")) from e
-            raise
+        except TOOLCHAIN_ERRORS as e:
+            raise SystemExit(NO_COMPILER.format(error=f"{type(e).__name__}: {e}")) from e
 
 
 setup(
