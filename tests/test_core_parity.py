@@ -14,13 +14,13 @@ from conftest import bench_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.engine import _core, reference
+from proxy.engine import Engine, EngineConfig, _core, reference
 from proxy.engine.degenerate import DegenerateDetector
 from proxy.engine.detector import PythonDeltaScanner
 from proxy.engine.entities import EntityIndex, EntityScanner
 from proxy.engine.fingerprint import Hasher
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
-from proxy.engine.tokens import StreamTokenizer, unit_batch
+from proxy.engine.tokens import StreamTokenizer, unit_batch, unit_texts
 from proxy.sim.answers import answer_for
 from proxy.sim.faults import FaultInjector, degenerate_text
 from proxy.sim.templates import render
@@ -715,3 +715,18 @@ def test_a_delta_ending_in_a_newline_keeps_its_last_unit_apart():
     for detector in (DegenerateDetector(), reference.DegenerateDetector()):
         reasons = [detector.feed("again\n") for _ in range(40)]
         assert "repetition" in reasons
+
+
+def test_a_whole_text_s_unit_hashes_are_the_hasher_s_over_its_unit_texts():
+    engine = Engine(EngineConfig(key=b"parity-key-0123456789abcdef"))
+    texts = workload_texts(400)
+    assert sum(t.isascii() for t in texts) > len(texts) // 2  # most take the compiled path
+    for text in [*texts, "Curly \u201cquotes\u201d \u2014 and\u00a0spaces", "Ünïcode wörds 数据"]:
+        assert engine.unit_hashes(text) == engine.hasher.units(unit_texts(text))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(min_codepoint=0, max_codepoint=0x2030), max_size=200))
+def test_random_text_s_unit_hashes_are_the_hasher_s(text):
+    engine = Engine(EngineConfig(key=b"parity-key-0123456789abcdef"))
+    assert engine.unit_hashes(text) == engine.hasher.units(unit_texts(text))

@@ -1345,6 +1345,22 @@ cdef class DeltaScanner:
             added += 1
         return added
 
+    def ascii_unit_hashes(self, str text):
+        """``Hasher.units(unit_texts(text))`` of an ASCII text: its words
+        (``ascii_units``) hashed through the short-word cache as the delta step hashes
+        them, a list of ints. A whole prompt's words need no string objects."""
+        if not PyUnicode_IS_ASCII(text):
+            raise ValueError("ascii_unit_hashes: the text is not ASCII")
+        cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, start
+        cdef bint upper
+        cdef list hashes = []
+        while True:
+            start = next_word(data, i, n, &i, &upper)
+            if start == n:
+                return hashes
+            hashes.append(self._ascii_unit(text, data, start, i, upper))
+
     cdef uint64_t _ascii_unit(self, str text, const unsigned char* data, Py_ssize_t start,
                               Py_ssize_t end, bint upper) except? 0:
         """The unit hash of the ASCII word ``text[start:end]`` (not empty)."""

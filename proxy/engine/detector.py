@@ -46,7 +46,14 @@ from proxy.engine.entities import (
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
-from proxy.engine.tokens import WORD_WEIGHT, StreamTokenizer, UnitBatch, unit_batch, unit_texts
+from proxy.engine.tokens import (
+    WORD_WEIGHT,
+    StreamTokenizer,
+    UnitBatch,
+    ascii_form,
+    unit_batch,
+    unit_texts,
+)
 
 #: Fingerprints of a prompt classified per step of ``Engine.observe_prompt_steps``.
 OBSERVE_STEP = 128
@@ -189,7 +196,7 @@ class Engine(_core.EngineClock):
     def add_baseline(self, text: str) -> None:
         """Text that is shared by design (system prompts, templates, public documents,
         boilerplate): never counted as anyone's private text."""
-        hashes = self.hasher.units(unit_texts(text))
+        hashes = self.unit_hashes(text)
         self.baseline.update(self.hasher.kgrams_of_hashes(hashes))
         self.vocabulary.add_plain(hashes)
         self._baseline_entities.update(self.entity_id(key) for _, key in iter_entity_keys(text))
@@ -203,6 +210,15 @@ class Engine(_core.EngineClock):
         self._delta_scanner = None  # it reads the corpus in place
         self.vocabulary.add_plain(baseline.units.tolist())
         self._baseline_entities.update(baseline.entities)
+
+    def unit_hashes(self, text: str) -> list[int]:
+        """The unit hashes of a whole text (``hasher.units(unit_texts(text))``). Text
+        that is ASCII once separators are set aside takes the delta step's tokenizer and
+        short-word cache, which answer most words without making a string."""
+        ascii_text = ascii_form(text)
+        if ascii_text is None:
+            return self.hasher.units(unit_texts(text))
+        return (self._delta_scanner or self.delta_scanner()).ascii_unit_hashes(ascii_text)
 
     def delta_scanner(self) -> _core.DeltaScanner:
         """The compiled per-delta step over this engine's tables (built on first use,
@@ -297,8 +313,8 @@ class Engine(_core.EngineClock):
         last step, so calls that run in between see it as if this prompt had not come
         yet."""
         now = time.time() if now is None else now
-        hashes = self.hasher.units(unit_texts(text))
-        model_hashes = self.hasher.units(unit_texts(model_text)) if model_text else []
+        hashes = self.unit_hashes(text)
+        model_hashes = self.unit_hashes(model_text) if model_text else []
         texts: dict[str, str] = {}
         entities: list[tuple[str, str]] = []
         if self.config.entities:
@@ -516,7 +532,7 @@ class PythonDeltaScanner:
 
     def __init__(
         self,
-        _hasher: Hasher,
+        hasher: Hasher,
         sketch: CommonnessSketch,
         index: FingerprintIndex,
         baseline: set[int],
@@ -527,6 +543,11 @@ class PythonDeltaScanner:
     ) -> None:
         self.sketch, self.index, self.baseline, self.corpus = sketch, index, baseline, corpus
         self.common_tenants = config.common_tenants
+        self.hasher = hasher
+
+    def ascii_unit_hashes(self, text: str) -> list[int]:
+        """``_core.DeltaScanner.ascii_unit_hashes``: the hasher's, unit by unit."""
+        return self.hasher.units(unit_texts(text))
 
     def classify(
         self, requests: dict[int, RequestRecord], tenant: str, fps: list[int]

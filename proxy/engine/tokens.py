@@ -70,18 +70,25 @@ def units_of(text: str, offset: int = 0) -> list[Unit]:
     return unit_batch(text, offset).units()
 
 
+def ascii_form(text: str) -> str | None:
+    """``text`` if it is ASCII, or once common punctuation is set aside (``_SEPARATORS``,
+    which changes no unit); None when other characters remain."""
+    if text.isascii():
+        return text
+    text = text.translate(_SEPARATORS)
+    return text if text.isascii() else None
+
+
 def unit_texts(text: str) -> list[str]:
     """The normalised units of ``text`` without offsets: the fast path for whole texts.
 
     Text that is ASCII once common punctuation is set aside (most English and code) is
     lowercased and split in one pass each, in C; other text goes unit by unit.
     """
-    if not text.isascii():
-        ascii_text = text.translate(_SEPARATORS)
-        if not ascii_text.isascii():
-            return [normalise(m.group(0)) for m in _UNIT_RE.finditer(text)]
-        text = ascii_text
-    return _ASCII_UNIT_RE.findall(text.lower())
+    ascii_text = ascii_form(text)
+    if ascii_text is None:
+        return [normalise(m.group(0)) for m in _UNIT_RE.finditer(text)]
+    return _ASCII_UNIT_RE.findall(ascii_text.lower())
 
 
 @dataclass(slots=True)
