@@ -79,7 +79,7 @@ def free_port() -> int:
 
 
 def start_server(
-    command_for, timeout: float = 30.0, attempts: int = 3, stderr=subprocess.PIPE, cwd=ROOT,
+    command_for, timeout: float = 120.0, attempts: int = 3, stderr=subprocess.PIPE, cwd=ROOT,
     env: dict[str, str] | None = None,
 ):  # fmt: skip
     """Start ``command_for(port)`` on a free port; ``(proc, port)`` once it listens. A
@@ -102,10 +102,13 @@ def start_server(
             raise
 
 
-def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120.0) -> None:
     """Returns once ``proc`` (or a child of it) listens on ``port``. RuntimeError when
     ``proc`` exits first, or when another process took the port between ``free_port``
-    and ``proc``'s bind: a connection would reach that process, not the test's."""
+    and ``proc``'s bind: a connection would reach that process, not the test's. The
+    timeout is generous: on a loaded machine a proxy's detector process took over 30 s
+    to load its state and open the metrics port (a clean-clone CI run beside benches);
+    a process that dies fails at once."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
