@@ -5,6 +5,7 @@ over random text, and the same findings from an engine run over that workload.""
 
 from __future__ import annotations
 
+import copy
 import random
 from dataclasses import replace
 
@@ -15,7 +16,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import Engine, EngineConfig, _core, reference
-from proxy.engine.degenerate import DegenerateDetector
+from proxy.engine.degenerate import (
+    DegenerateConfig,
+    DegenerateDetector,
+    ExchangeWatch,
+    rare_scripts,
+    special_tokens,
+)
 from proxy.engine.detector import PythonDeltaScanner
 from proxy.engine.entities import EntityIndex, EntityScanner
 from proxy.engine.fingerprint import Hasher
@@ -730,3 +737,20 @@ def test_a_whole_text_s_unit_hashes_are_the_hasher_s_over_its_unit_texts():
 def test_random_text_s_unit_hashes_are_the_hasher_s(text):
     engine = Engine(EngineConfig(key=b"parity-key-0123456789abcdef"))
     assert engine.unit_hashes(text) == engine.hasher.units(unit_texts(text))
+
+
+def test_the_compiled_degenerate_step_refuses_misuse_instead_of_crashing():
+    with pytest.raises(TypeError):
+        _core.DegenerateFeed(DegenerateConfig(), None, rare_scripts, special_tokens)
+    detector = DegenerateDetector()
+    with pytest.raises(ValueError, match="max_period"):
+        detector.__init__(DegenerateConfig(max_period=0))
+    assert [detector.feed("again ") for _ in range(40)].count("repetition") == 1
+    bare = _core.DegenerateFeed.__new__(_core.DegenerateFeed)
+    with pytest.raises(RuntimeError, match="__init__"):
+        bare.feed("text")
+    with pytest.raises(TypeError):
+        Engine(EngineConfig(key=b"k" * 32)).delta_scanner().ascii_unit_hashes(None)
+    watch = ExchangeWatch(lambda reason, choice: None)
+    watch.feed(0, "some words ")
+    assert copy.deepcopy({"watch": watch}) == {"watch": None}  # a flow's metadata, copied

@@ -1345,7 +1345,7 @@ cdef class DeltaScanner:
             added += 1
         return added
 
-    def ascii_unit_hashes(self, str text):
+    def ascii_unit_hashes(self, str text not None):
         """``Hasher.units(unit_texts(text))`` of an ASCII text: its words
         (``ascii_units``) hashed through the short-word cache as the delta step hashes
         them, a list of ints. A whole prompt's words need no string objects."""
@@ -2192,17 +2192,17 @@ cdef class CodepointRanges:
     cdef uint32_t* highs
     cdef Py_ssize_t n
 
-    def __init__(self, ranges):
+    def __cinit__(self, ranges):
         ranges = sorted(ranges)
-        self.n = len(ranges)
-        self.lows = <uint32_t*>malloc(max(self.n, 1) * sizeof(uint32_t))
-        self.highs = <uint32_t*>malloc(max(self.n, 1) * sizeof(uint32_t))
+        self.lows = <uint32_t*>malloc(max(len(ranges), 1) * sizeof(uint32_t))
+        self.highs = <uint32_t*>malloc(max(len(ranges), 1) * sizeof(uint32_t))
         if self.lows == NULL or self.highs == NULL:
             raise MemoryError()
         for i, (lo, hi) in enumerate(ranges):
             if lo > hi or (i and lo <= self.highs[i - 1]):
                 raise ValueError(f"ranges must be disjoint and lo <= hi: {ranges!r}")
             self.lows[i], self.highs[i] = lo, hi
+        self.n = len(ranges)
 
     def __dealloc__(self):
         free(self.lows)
@@ -2259,7 +2259,23 @@ cdef class DegenerateFeed:
     cdef dict scripts
     cdef Py_ssize_t artifacts, replacements
 
-    def __init__(self, config, CodepointRanges common, rare_scripts, special_tokens):
+    def __cinit__(self, *args, **kwargs):
+        # Usable (it trips on nothing) even when ``__init__`` never ran or failed.
+        self.reason, self.units, self.pending = None, 0, ""
+        self.recent, self.window, self.scripts = [], deque(), {}
+
+    def __init__(self, config, CodepointRanges common not None, rare_scripts, special_tokens):
+        if config.max_period < 1:
+            raise ValueError("max_period must be >= 1")
+        cdef Py_hash_t* recent_hashes = <Py_hash_t*>calloc(config.max_period, sizeof(Py_hash_t))
+        cdef Py_ssize_t* runs = <Py_ssize_t*>calloc(config.max_period + 1, sizeof(Py_ssize_t))
+        if recent_hashes == NULL or runs == NULL:
+            free(recent_hashes)
+            free(runs)
+            raise MemoryError()
+        free(self.recent_hashes)
+        free(self.runs)
+        self.recent_hashes, self.runs = recent_hashes, runs
         self.config, self.reason, self.units, self.pending = config, None, 0, ""
         self.common, self.rare_scripts, self.special_tokens = common, rare_scripts, special_tokens
         self.max_period, self.loop_units = config.max_period, config.loop_units
@@ -2267,13 +2283,7 @@ cdef class DegenerateFeed:
         self.rare_chars, self.rare_scripts_min = config.rare_chars, config.rare_scripts
         self.artifacts_min = config.artifacts
         self.replacement_chars_min = config.replacement_chars
-        if self.max_period < 1:
-            raise ValueError("max_period must be >= 1")
         self.recent = [None] * self.max_period
-        self.recent_hashes = <Py_hash_t*>calloc(self.max_period, sizeof(Py_hash_t))
-        self.runs = <Py_ssize_t*>calloc(self.max_period + 1, sizeof(Py_ssize_t))
-        if self.recent_hashes == NULL or self.runs == NULL:
-            raise MemoryError()
         self.recent_count = self.recent_next = 0
         self.looping = False
         self.window, self.window_rare, self.scripts = deque(), 0, {}
@@ -2289,6 +2299,8 @@ cdef class DegenerateFeed:
         characters: a longer run without a space is judged as it is)."""
         if self.reason is not None or not delta:
             return None
+        if self.runs == NULL:
+            raise RuntimeError("DegenerateFeed: __init__ did not run")
         cdef str text = self.pending + delta
         cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), end = n
         cdef int kind = PyUnicode_KIND(text)
@@ -2305,6 +2317,8 @@ cdef class DegenerateFeed:
         """The end of the output: the last unit is judged."""
         if self.reason is not None:
             return None
+        if self.runs == NULL:
+            raise RuntimeError("DegenerateFeed: __init__ did not run")
         cdef str text = self.pending
         self.pending = ""
         return self.units_of(text, PyUnicode_GET_LENGTH(text))

@@ -205,6 +205,11 @@ class ExchangeWatch:
         self.reason: str | None = None
         self.on_trip = on_trip
 
+    def __deepcopy__(self, memo: dict) -> None:
+        """Live state: never part of a copied or saved flow (mitmproxy deep-copies
+        ``flow.metadata``, where the proxy keeps the watch), as ``ExchangeMonitor``."""
+        return None
+
     def feed(self, choice: int, text: str) -> None:
         if self.reason is not None:
             return
