@@ -2208,9 +2208,6 @@ cdef class CodepointRanges:
         free(self.lows)
         free(self.highs)
 
-    def __contains__(self, Py_UCS4 c):
-        return self.has(c)
-
     cdef inline bint has(self, Py_UCS4 c) noexcept:
         cdef Py_ssize_t lo = 0, hi = self.n, mid
         while lo < hi:

@@ -51,6 +51,7 @@ from proxy.engine.tokens import (
     StreamTokenizer,
     UnitBatch,
     ascii_form,
+    other_unit_texts,
     unit_batch,
     unit_texts,
 )
@@ -217,7 +218,7 @@ class Engine(_core.EngineClock):
         short-word cache, which answer most words without making a string."""
         ascii_text = ascii_form(text)
         if ascii_text is None:
-            return self.hasher.units(unit_texts(text))
+            return self.hasher.units(other_unit_texts(text))
         return (self._delta_scanner or self.delta_scanner()).ascii_unit_hashes(ascii_text)
 
     def delta_scanner(self) -> _core.DeltaScanner:

@@ -87,8 +87,13 @@ def unit_texts(text: str) -> list[str]:
     """
     ascii_text = ascii_form(text)
     if ascii_text is None:
-        return [normalise(m.group(0)) for m in _UNIT_RE.finditer(text)]
+        return other_unit_texts(text)
     return _ASCII_UNIT_RE.findall(ascii_text.lower())
+
+
+def other_unit_texts(text: str) -> list[str]:
+    """``unit_texts`` of text that ``ascii_form`` refused: unit by unit."""
+    return [normalise(m.group(0)) for m in _UNIT_RE.finditer(text)]
 
 
 @dataclass(slots=True)
