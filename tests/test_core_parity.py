@@ -157,11 +157,15 @@ def test_fingerprints_are_the_ones_recorded_before_the_core_was_compiled():
 
 
 def engine_findings() -> list[tuple]:
-    """Every finding of a fresh engine over 600 exchanges of the quality workload."""
+    """Every finding of a fresh engine over 600 exchanges of the quality workload. The
+    key is fixed: a run of the test depends on nothing but the code."""
     from proxy.config import Config
     from proxy.factory import build_engine
 
-    engine = build_engine(Config())
+    config = Config()
+    engine = build_engine(
+        config, replace(config.engine_config(), key=b"parity-key-0123456789abcdef")
+    )
     injector = FaultInjector(0.15, seed=4)
     found = []
     for n, req in enumerate(Workload(tenants=12, seed=4).requests(600)):
@@ -177,16 +181,27 @@ def engine_findings() -> list[tuple]:
     return found
 
 
+def differing(a: list[tuple], b: list[tuple]) -> list[tuple[tuple | None, tuple | None]]:
+    """The findings of two runs that differ, pairwise (None past the shorter run)."""
+    pairs = zip(a + [None] * (len(b) - len(a)), b + [None] * (len(a) - len(b)), strict=True)
+    return [(x, y) for x, y in pairs if x != y]
+
+
 def test_an_engine_on_the_compiled_core_finds_what_the_python_one_found(monkeypatch):
     compiled = engine_findings()
+    assert len(compiled) > 20  # the workload's leaks are found at all
+    # One CI run saw one span differ (start 155 against 190, same source), which no
+    # local run reproduced (random keys and hash seeds, automaton rebuilds at random
+    # times, valgrind's memcheck). A second compiled run tells a core that is not
+    # deterministic from one that differs from the Python.
+    assert differing(engine_findings(), compiled) == [], "the compiled engine is not deterministic"
     monkeypatch.setattr(_core, "ascii_units", reference.ascii_units)
     monkeypatch.setattr(_core, "kgrams", reference.kgrams)
     monkeypatch.setattr(_core, "sketch_counts", reference.sketch_counts)
     monkeypatch.setattr(_core, "FrozenGenerations", reference.FrozenGenerations)
     monkeypatch.setattr(_core, "pair_first_seen", reference.pair_first_seen)
     python_scan(monkeypatch)
-    assert len(compiled) > 20  # the workload's leaks are found at all
-    assert engine_findings() == compiled
+    assert differing(engine_findings(), compiled) == []
 
 
 def python_scan(monkeypatch) -> None:
