@@ -6,6 +6,7 @@ over random text, and the same findings from an engine run over that workload.""
 from __future__ import annotations
 
 import copy
+import pickle
 import random
 from dataclasses import replace
 
@@ -373,14 +374,46 @@ def test_bucket_marks_are_numpy_s(keys, bits):
         _core.mark_buckets(bytearray(len(expected) // 2), array, shift)
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.dictionaries(st.integers(0, 2**64 - 1), st.integers(0, 2**32 - 1), max_size=80))
-def test_hot_columns_are_the_dicts_items_in_order(hot):
-    keys, values = np.empty(len(hot), np.uint64), np.empty(len(hot), np.uint32)
-    _core.dict_columns(hot, keys, values)
-    assert list(zip(keys.tolist(), values.tolist(), strict=True)) == list(hot.items())
+KEYS = st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 3000), st.sampled_from([0, 2**64 - 1]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(KEYS, st.integers(0, 2**32 - 1)), max_size=3000),
+    st.lists(KEYS, max_size=50),
+    st.integers(0, 2**32 - 1),
+)
+def test_the_hot_table_is_a_dict_of_its_keys(pairs, fresh, value):
+    """The index's hot generation against the dict it replaced: keys 0 and 2**64 - 1,
+    dense small keys, tables grown several times, values replaced, the fresh keys of a
+    batch added once, its columns, a pickle round trip and a clear."""
+    table, expected = _core.HotTable(), {}
+    for key, v in pairs:
+        table[key] = v
+        expected[key] = v
+    absent = table.absent(fresh)
+    assert absent == [k for k in fresh if k not in expected]
+    assert table.add_new(absent, value) == len(set(absent))
+    expected.update((k, value) for k in absent if k not in expected)
+    assert len(table) == len(expected) and dict(table) == expected
+    assert all(k in table and table[k] == v == table.get(k) for k, v in expected.items())
+    assert table.get(12345678901234567) == expected.get(12345678901234567)
+    queries = fresh + [k for k, _ in pairs[:20]] + [0, 2**64 - 1]
+    more = {k: (expected[k], 7) for k in list(expected)[::3]}  # keys with several values
+    looked_up = table.values_into(queries, more, [()] * len(queries))
+    assert looked_up == [more.get(k) or ((expected[k],) if k in expected else ()) for k in queries]
+    keys, values = np.empty(len(table), np.uint64), np.empty(len(table), np.uint32)
+    table.columns(keys, values)
+    assert dict(zip(keys.tolist(), values.tolist(), strict=True)) == expected
     with pytest.raises(ValueError, match="do not fit"):
-        _core.dict_columns(hot, np.empty(len(hot) + 1, np.uint64), values)
+        table.columns(np.empty(len(table) + 1, np.uint64), values)
+    assert dict(pickle.loads(pickle.dumps(table))) == expected
+    table.clear()
+    assert len(table) == 0 and not table.items() and 0 not in table
+    with pytest.raises(KeyError):
+        table[0]
+    with pytest.raises(OverflowError):
+        table[2**64] = 1
 
 
 @settings(max_examples=200, deadline=None)
@@ -487,7 +520,6 @@ def test_word_users_count_tenants_as_sets_of_numbers_do(seed, words, needed):
     """``_core.WordUsers`` against a dict of sets: the same words turn plain, the same
     users stay, through table growth, removals (backward shifts), bitsets grown past
     one 64-bit word, ``pop``, the ``max_entries`` clear and a pickle round trip."""
-    import pickle
 
     rng = random.Random(seed)
     units = [rng.getrandbits(64) for _ in range(words)] + list(range(40))  # small ones too

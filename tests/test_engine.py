@@ -799,8 +799,10 @@ def test_index_and_sketch_store_no_text():
     engine.index.lookup([1, 2, 3])  # builds the compiled view of the generations
     for leaf in _leaves(engine.index):
         # bytes, bytearray: bitmaps of hash buckets; FrozenGenerations: pointers into the
-        # generations' own arrays (and never pickled)
+        # generations' own arrays (and never pickled); HotTable: 64-bit keys, 32-bit
+        # values (pickled as ints, which the blob check above reads)
         kinds = int | float | np.ndarray | bytes | bytearray | _core.FrozenGenerations
+        kinds |= _core.HotTable
         assert isinstance(leaf, kinds), type(leaf)
         if isinstance(leaf, np.ndarray):
             assert leaf.dtype.kind in "ui", leaf.dtype

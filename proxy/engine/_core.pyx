@@ -10,8 +10,6 @@ garbage collector does not walk (issue 16's GC target).
 """
 
 cimport cython
-from cpython.dict cimport PyDict_Next, PyDict_SetDefaultRef
-from cpython.ref cimport PyObject
 from cpython.unicode cimport (
     Py_UNICODE_ISDECIMAL, Py_UNICODE_ISDIGIT, Py_UNICODE_ISSPACE, PyUnicode_KIND, PyUnicode_READ,
     PyUnicode_READ_CHAR, PyUnicode_Substring,
@@ -368,21 +366,6 @@ def mark_buckets(unsigned char[::1] bitmap, const uint64_t[::1] keys, int shift)
         bitmap[bucket >> 3] |= <unsigned char>(1 << (bucket & 7))
 
 
-def dict_columns(dict hot, uint64_t[::1] keys, uint32_t[::1] values):
-    """The hot generation's fingerprint -> value dict as two columns, in its order
-    (``keys`` and ``values`` as long as it). ``numpy.fromiter`` of its keys and of its
-    values took ~60 ns an entry."""
-    if keys.shape[0] != len(hot) or values.shape[0] != len(hot):
-        raise ValueError("dict_columns: the columns do not fit the dict")
-    cdef Py_ssize_t pos = 0, i = 0
-    cdef PyObject* key
-    cdef PyObject* value
-    while PyDict_Next(hot, &pos, &key, &value):
-        keys[i] = <uint64_t><object>key
-        values[i] = <uint32_t><object>value
-        i += 1
-
-
 def merge_sorted(const uint64_t[::1] a_keys, const uint32_t[::1] a_values,
                  const uint64_t[::1] b_keys, const uint32_t[::1] b_values,
                  uint64_t[::1] keys, uint32_t[::1] values):
@@ -727,6 +710,208 @@ def _word_users(uint32_t bitset_tenants, list items):
     return users
 
 
+# --- the index's hot generation ---------------------------------------------------------
+
+
+cdef enum:
+    HOT_MIN_SLOTS = 1024  # a power of two; a table at most half full doubles
+
+
+@cython.final
+cdef class HotTable:
+    """The hot generation of a ``FingerprintIndex``: each fingerprint's first value, in
+    an open-addressing table of 64-bit keys and 32-bit values (12 bytes a slot, at most
+    half of them full), where a dict took ~100 bytes an entry: an int object for each
+    key and value, and a hash of each on every probe. Reads as a mapping of ints (``in``,
+    ``[]``, ``get``, ``keys``, ``items``, ``len``); the compiled step probes it with no
+    object made. Empty slots hold key 0, so fingerprint 0 is kept beside the table. It
+    holds no objects: the garbage collector never sees it. A key out of the 64-bit
+    range raises ``OverflowError``, as the frozen generations' columns would."""
+
+    cdef uint64_t* slot_keys
+    cdef uint32_t* slot_values
+    cdef Py_ssize_t capacity, count
+    cdef bint has_zero
+    cdef uint32_t zero_value
+
+    def __cinit__(self, items=()):
+        self.slot_keys, self.slot_values = NULL, NULL
+        self.capacity = self.count = 0
+        self.has_zero, self.zero_value = False, 0
+        self._allocate(HOT_MIN_SLOTS)
+        for key, value in items:
+            self.put(key, value, True)
+
+    def __dealloc__(self):
+        free(self.slot_keys)
+        free(self.slot_values)
+
+    cdef int _allocate(self, Py_ssize_t capacity) except -1:
+        """Empty arrays of ``capacity`` slots in place of the current ones (freed)."""
+        cdef uint64_t* keys = <uint64_t*>calloc(capacity, sizeof(uint64_t))
+        cdef uint32_t* values = <uint32_t*>malloc(capacity * sizeof(uint32_t))
+        if keys == NULL or values == NULL:
+            free(keys)
+            free(values)
+            raise MemoryError()
+        free(self.slot_keys)
+        free(self.slot_values)
+        self.slot_keys, self.slot_values, self.capacity = keys, values, capacity
+        return 0
+
+    cdef inline Py_ssize_t _slot(self, uint64_t key) noexcept:
+        """The slot of ``key`` (not 0): where it is, or the empty one where it goes."""
+        cdef uint64_t mask = <uint64_t>self.capacity - 1
+        cdef uint64_t i = mix64(key) & mask
+        while self.slot_keys[i] != 0 and self.slot_keys[i] != key:
+            i = (i + 1) & mask
+        return <Py_ssize_t>i
+
+    cdef inline bint has(self, uint64_t key) noexcept:
+        if key == 0:
+            return self.has_zero
+        return self.slot_keys[self._slot(key)] != 0
+
+    cdef int put(self, uint64_t key, uint32_t value, bint replace) except -1:
+        """Add ``key`` with ``value``: 1, or 0 when it is held already (its value then
+        replaced if ``replace``)."""
+        cdef Py_ssize_t i
+        if key == 0:
+            if not self.has_zero:
+                self.has_zero, self.zero_value = True, value
+                self.count += 1
+                return 1
+            if replace:
+                self.zero_value = value
+            return 0
+        i = self._slot(key)
+        if self.slot_keys[i] != 0:
+            if replace:
+                self.slot_values[i] = value
+            return 0
+        if 2 * (self.count + 1) > self.capacity:
+            self._grow()
+            i = self._slot(key)
+        self.slot_keys[i], self.slot_values[i] = key, value
+        self.count += 1
+        return 1
+
+    cdef int _grow(self) except -1:
+        cdef uint64_t* old_keys = self.slot_keys
+        cdef uint32_t* old_values = self.slot_values
+        cdef Py_ssize_t old_capacity = self.capacity, j, i
+        self.slot_keys, self.slot_values = NULL, NULL  # kept by _allocate's failure, freed below
+        try:
+            self._allocate(2 * old_capacity)
+        except MemoryError:
+            self.slot_keys, self.slot_values = old_keys, old_values
+            raise
+        for j in range(old_capacity):
+            if old_keys[j] != 0:
+                i = self._slot(old_keys[j])
+                self.slot_keys[i], self.slot_values[i] = old_keys[j], old_values[j]
+        free(old_keys)
+        free(old_values)
+        return 0
+
+    def __len__(self):
+        return self.count
+
+    def __contains__(self, key):
+        return self.has(<uint64_t>key)
+
+    def __getitem__(self, key):
+        cdef uint64_t k = key
+        cdef Py_ssize_t i
+        if k == 0:
+            if self.has_zero:
+                return self.zero_value
+            raise KeyError(key)
+        i = self._slot(k)
+        if self.slot_keys[i] == 0:
+            raise KeyError(key)
+        return self.slot_values[i]
+
+    def __setitem__(self, key, value):
+        self.put(key, value, True)
+
+    def get(self, key, default=None):
+        return self[key] if self.has(<uint64_t>key) else default
+
+    def keys(self):
+        """The keys, in table order (``dict(table)`` reads them, then each value)."""
+        cdef Py_ssize_t i
+        cdef list out = [0] if self.has_zero else []
+        for i in range(self.capacity):
+            if self.slot_keys[i] != 0:
+                out.append(self.slot_keys[i])
+        return out
+
+    def items(self):
+        cdef Py_ssize_t i
+        cdef list out = [(0, self.zero_value)] if self.has_zero else []
+        for i in range(self.capacity):
+            if self.slot_keys[i] != 0:
+                out.append((self.slot_keys[i], self.slot_values[i]))
+        return out
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def clear(self):
+        """Empty, and back to the smallest table (a frozen generation's memory goes)."""
+        self._allocate(HOT_MIN_SLOTS)
+        self.count, self.has_zero = 0, False
+
+    def absent(self, fingerprints):
+        """The fingerprints (any iterable of ints) this table does not hold, in order."""
+        return [fp for fp in fingerprints if not self.has(<uint64_t>fp)]
+
+    def add_new(self, list fingerprints, uint32_t value):
+        """Each of ``fingerprints`` not held yet, added with ``value``; how many were."""
+        cdef Py_ssize_t added = 0
+        for fp in fingerprints:
+            added += self.put(<uint64_t>fp, value, False)
+        return added
+
+    def values_into(self, fingerprints, dict more, list result):
+        """``result[i]`` = the values of ``fingerprints[i]``, when this table holds it:
+        ``more``'s tuple for a key with several, else a tuple of its one value. Returns
+        ``result`` (the lookup goes on in the frozen generations)."""
+        cdef Py_ssize_t i, slot, n = len(fingerprints)
+        cdef uint64_t key
+        if len(result) != n:
+            raise ValueError("values_into: result and fingerprints differ in length")
+        for i in range(n):
+            fp = fingerprints[i]
+            key = <uint64_t>fp
+            if key == 0:
+                if self.has_zero:
+                    result[i] = more.get(fp) or (self.zero_value,)
+                continue
+            slot = self._slot(key)
+            if self.slot_keys[slot] != 0:
+                result[i] = (more.get(fp) if more else None) or (self.slot_values[slot],)
+        return result
+
+    def columns(self, uint64_t[::1] keys, uint32_t[::1] values):
+        """The keys and their values into ``keys`` and ``values`` (as long as the table),
+        in table order: a generation about to be sorted."""
+        if keys.shape[0] != self.count or values.shape[0] != self.count:
+            raise ValueError("HotTable.columns: the columns do not fit the table")
+        cdef Py_ssize_t i, n = 0
+        if self.has_zero:
+            keys[0], values[0] = 0, self.zero_value
+            n = 1
+        for i in range(self.capacity):
+            if self.slot_keys[i] != 0:
+                keys[n], values[n] = self.slot_keys[i], self.slot_values[i]
+                n += 1
+
+    def __reduce__(self):
+        return HotTable, (self.items(),)
+
+
 # --- per-stream state the per-delta step reads and writes in place -----------------------
 
 
@@ -756,7 +941,7 @@ cdef class IndexFields:
     and newest time, the size that freezes it, and the compiled view of the frozen
     generations (None until built, and after they change)."""
 
-    cdef public dict _hot
+    cdef public HotTable _hot
     cdef public dict _hot_more
     cdef public Py_ssize_t _hot_count
     cdef public object _hot_newest
@@ -764,7 +949,7 @@ cdef class IndexFields:
     cdef public object _frozen
 
     def __init__(self, Py_ssize_t freeze_size):
-        self._hot, self._hot_more = {}, {}
+        self._hot, self._hot_more = HotTable(), {}
         self._hot_count, self._hot_newest = 0, 0.0
         self.freeze_size = freeze_size
         self._frozen = None
@@ -1430,7 +1615,7 @@ cdef class DeltaScanner:
         (its prompt echoed, its earlier answers) are no evidence of a leak: handled here
         as ``ResponseScan._scan_kgrams`` would handle them."""
         cdef IndexFields index = self.index
-        cdef dict hot = index._hot
+        cdef HotTable hot = index._hot
         cdef FrozenGenerations frozen = index._frozen  # a call only after they change
         if frozen is None:
             frozen = self.index.frozen()
@@ -1438,7 +1623,7 @@ cdef class DeltaScanner:
         cdef set tenant_owned = None
         for item in fps:
             fp = <uint64_t>item
-            if (item in hot or (frozen is not None and frozen.holds(fp))) and sketch_min(
+            if (hot.has(fp) or (frozen is not None and frozen.holds(fp))) and sketch_min(
                     &self.flat[0], self.seeds, self.depth, self.mask, self.width, fp
             ) < self.common_tenants:
                 if not self._only_tenant_holds(response, item):
@@ -1667,18 +1852,18 @@ cdef class DeltaScanner:
 
     cdef int _index_fresh(self, list fps, value, now) except -1:
         """``FingerprintIndex.add_many`` of k-grams no generation holds (``_classify``
-        checked): stored in the hot dict here while that does not fill it, a Python
-        call less on every delta; else by ``add_many``, which freezes the full dict."""
+        checked): stored in the hot table here while that does not fill it, a Python
+        call less on every delta; else by ``add_many``, which freezes the full table."""
         cdef IndexFields index = self.index
-        cdef dict hot = index._hot
+        cdef HotTable hot = index._hot
         cdef Py_ssize_t count = index._hot_count
+        cdef uint32_t first_value = value
         if count + len(fps) >= index.freeze_size:
             self.index.add_many(fps, value, now)
             return 0
         for item in fps:
             # One probe: stored unless the same k-gram came twice in this delta.
-            if PyDict_SetDefaultRef(hot, item, value, NULL) == 0:
-                count += 1
+            count += hot.put(<uint64_t>item, first_value, False)
         index._hot_count = count
         index._hot_newest = now
         return 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
 
 import numpy as np
 
@@ -69,10 +68,10 @@ class FingerprintIndex(_core.IndexFields):
         self.max_generations = max_generations
         self.max_fingerprints = max_fingerprints
         self.max_values_per_key = max_values_per_key
-        # The hot generation (_hot): a key's first value, and, for the keys with several,
-        # all of them (_hot_more). Only ints in the first dict, and untracked tuples of
-        # ints in the second, so the garbage collector tracks neither: a full collection
-        # of the detector walked the first's 100,000 entries, and young ones the tuples.
+        # The hot generation (_hot): a key's first value, in a compiled table of 64-bit
+        # keys (_core.HotTable), and, for the keys with several, all of them (_hot_more):
+        # untracked tuples of ints, so the garbage collector tracks neither (a full
+        # collection walked a dict of 100,000 entries, and young ones the tuples).
         self._generations: list[_Generation] = []  # oldest first
         # One bit per top-bits bucket of every frozen key: most fingerprints of a stream
         # are new, and one test here spares the test of each generation's own bitmap.
@@ -100,12 +99,12 @@ class FingerprintIndex(_core.IndexFields):
             # Most fingerprints of a prompt are new to the hot generation: set and dict
             # operations add those in C, and only the others take the loop below.
             given = set(fingerprints)
-            fresh = given.difference(hot)  # C: looks each one up in the dict
+            fresh = hot.absent(given)
             if fresh and self._hot_count + len(fresh) < self.freeze_size:
-                hot.update(dict.fromkeys(fresh, value))
+                hot.add_new(fresh, value)
                 self._hot_count += len(fresh)
                 self._hot_newest = now
-                given -= fresh
+                given.difference_update(fresh)
             fingerprints = given
         more = self._hot_more
         for fp in fingerprints:
@@ -135,11 +134,7 @@ class FingerprintIndex(_core.IndexFields):
         """Values for each fingerprint, in order (empty tuple when unknown): the hot
         generation's first, then each frozen one's, oldest first."""
         result: list[tuple[int, ...]] = [_EMPTY] * len(fingerprints)
-        hot, more = self._hot, self._hot_more
-        # Membership in C first: most fingerprints of a scan are not in the hot dict.
-        for i in compress(range(len(fingerprints)), map(hot.__contains__, fingerprints)):
-            fp = fingerprints[i]
-            result[i] = more.get(fp) or (hot[fp],)
+        self._hot.values_into(fingerprints, self._hot_more, result)
         frozen = self.frozen()
         if frozen is None or not fingerprints:
             return result
@@ -179,15 +174,14 @@ class FingerprintIndex(_core.IndexFields):
         return dropped
 
     def _freeze(self) -> None:
-        """The hot dict becomes a sorted generation, read in C (``dict_columns``: a
-        loop over the dict took 10-20 ms, ``numpy.fromiter`` ~4 ms a column). Its keys
-        are unique, so any sort will do; a key with several values gets its others
-        inserted after its first, in order."""
+        """The hot table becomes a sorted generation (``HotTable.columns``, then a sort).
+        Its keys are unique, so any sort will do; a key with several values gets its
+        others inserted after its first, in order."""
         hot, lists = self._hot, self._hot_more
         for fp, vs in lists.items():
             hot[fp] = vs[0]
         keys, values = np.empty(len(hot), np.uint64), np.empty(len(hot), np.uint32)
-        _core.dict_columns(hot, keys, values)
+        hot.columns(keys, values)
         order = np.argsort(keys)
         keys, values = keys[order], values[order]
         if lists:
@@ -196,7 +190,7 @@ class FingerprintIndex(_core.IndexFields):
             keys = np.insert(keys, at, extra_keys)
             values = np.insert(values, at, [v for vs in lists.values() for v in vs[1:]])
         self._generations.append(_Generation(keys, values, self._hot_newest))
-        self._hot = {}
+        self._hot = _core.HotTable()  # a new one: the grown table's memory goes
         self._hot_more = {}
         self._hot_count = 0
         self._mark_any(self._generations[-1].keys)
