@@ -204,6 +204,19 @@ cdef inline unsigned short sketch_min(const unsigned short* flat, const uint64_t
     return low
 
 
+cdef inline bint sketch_below(const unsigned short* flat, const uint64_t* seeds,
+                              Py_ssize_t depth, uint64_t mask, Py_ssize_t width, uint64_t fp,
+                              long threshold) noexcept nogil:
+    """``sketch_min(...) < threshold``, reading no row after one below it: a k-gram few
+    tenants used (most of a stream's) costs one of the sketch's cache misses, not one a
+    row."""
+    cdef Py_ssize_t r
+    for r in range(depth):
+        if flat[sketch_cell(seeds, r, mask, width, fp)] < threshold:
+            return True
+    return False
+
+
 def sketch_increment(unsigned short[::1] flat, tuple seeds, uint64_t mask,
                      Py_ssize_t width, list fingerprints, bint together):
     """``CommonnessSketch.increment``'s loop: one more use in every cell of each
@@ -1623,9 +1636,9 @@ cdef class DeltaScanner:
         cdef set tenant_owned = None
         for item in fps:
             fp = <uint64_t>item
-            if (hot.has(fp) or (frozen is not None and frozen.holds(fp))) and sketch_min(
-                    &self.flat[0], self.seeds, self.depth, self.mask, self.width, fp
-            ) < self.common_tenants:
+            if (hot.has(fp) or (frozen is not None and frozen.holds(fp))) and sketch_below(
+                    &self.flat[0], self.seeds, self.depth, self.mask, self.width, fp,
+                    self.common_tenants):
                 if not self._only_tenant_holds(response, item):
                     return first, fps  # it may be another tenant's: the Python scan
                 if tenant_owned is None:
@@ -1636,8 +1649,8 @@ cdef class DeltaScanner:
         cdef long private = 0
         for item in fps:
             fp = <uint64_t>item
-            if sketch_min(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
-                          fp) >= self.common_tenants:
+            if not sketch_below(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
+                                fp, self.common_tenants):
                 continue  # common text: neither private nor to be counted again
             if tenant_owned is None or item not in tenant_owned:
                 to_count.append(item)  # this tenant's own text is counted already
@@ -1670,8 +1683,8 @@ cdef class DeltaScanner:
         for i in range(len(fps)):
             item, values = fps[i], owners[i]
             fp = <uint64_t>item
-            common = sketch_min(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
-                                fp) >= self.common_tenants
+            common = not sketch_below(&self.flat[0], self.seeds, self.depth, self.mask,
+                                      self.width, fp, self.common_tenants)
             keep = not common and len(values) < 64
             if keep and self.baseline and item in self.baseline:
                 keep = False
@@ -2062,8 +2075,13 @@ cdef inline uint64_t char_at(const Py_UCS4* history, Py_ssize_t h, int kind, con
 
 
 cdef inline bint final_marked(const unsigned char* finals, uint64_t h) noexcept:
-    cdef uint64_t mask = (<uint64_t>1 << FINAL_BITS) - 1, a = h & mask, b = (h >> FINAL_BITS) & mask
-    return (finals[a >> 3] >> (a & 7)) & (finals[b >> 3] >> (b & 7)) & 1
+    # The second bit is read only when the first is set: most grams of a delta end no
+    # key, and each read of the 512 KiB bitmap is a likely cache miss.
+    cdef uint64_t mask = (<uint64_t>1 << FINAL_BITS) - 1, a = h & mask, b
+    if not (finals[a >> 3] >> (a & 7)) & 1:
+        return False
+    b = (h >> FINAL_BITS) & mask
+    return (finals[b >> 3] >> (b & 7)) & 1
 
 
 cdef inline void final_mark(unsigned char* finals, uint64_t h) noexcept:
