@@ -320,8 +320,9 @@ def test_har_and_jsonl_forms_of_the_capture_replay_to_the_same_leaks(captured):
     for path in (har, jsonl):
         status, events = captured.replay(path, name=path.suffix[1:])
         j = judge(captured.results, captured.truth, events, captured.answers.__getitem__)
-        differ = tenant_keys(events) ^ live
-        print(f"{path.name}: {len(tenant_keys(events))} findings, {len(differ)} differ from live")
+        replayed = tenant_keys(events)
+        differ = replayed ^ live
+        print(f"{path.name}: {len(replayed)} findings, {len(differ)} differ from live")
         assert status == 1
         found, found_live = ({f["request_id"] for f in x.found} for x in (j, j_live))
         print(f"{path.name}: target leaks found {len(found)}, live {len(found_live)}")
@@ -337,11 +338,10 @@ def test_har_and_jsonl_forms_of_the_capture_replay_to_the_same_leaks(captured):
         # each other both hold it, and a later victim's leak of it names the one that
         # held it first, which their order decides (one CI run of 2026-12-03: a victim
         # that began 80 ms after both ended named one live and the other in the replay).
-        other = tenant_keys(events) | live
         assert all(
             concurrent(flows, victim, source)
             or any(v == victim and k == kind and s != source and tenants_overlapped(flows, s, source)
-                   for v, s, k in other)
+                   for v, s, k in replayed | live)
             for victim, source, kind in differ
         ), (path.name, sorted(differ))  # fmt: skip
         assert len(differ) <= max(8, len(live) // 5), (path.name, sorted(differ))

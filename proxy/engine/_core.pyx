@@ -780,10 +780,21 @@ cdef class HotTable:
             i = (i + 1) & mask
         return <Py_ssize_t>i
 
-    cdef inline bint has(self, uint64_t key) noexcept:
+    cdef inline bint find(self, uint64_t key, uint32_t* value) noexcept:
+        """Whether ``key`` is held; its value written to ``value`` when it is."""
+        cdef Py_ssize_t i
         if key == 0:
+            value[0] = self.zero_value
             return self.has_zero
-        return self.slot_keys[self._slot(key)] != 0
+        i = self._slot(key)
+        if self.slot_keys[i] == 0:
+            return False
+        value[0] = self.slot_values[i]  # an empty slot's value is never set: not read
+        return True
+
+    cdef inline bint has(self, uint64_t key) noexcept:
+        cdef uint32_t value
+        return self.find(key, &value)
 
     cdef int put(self, uint64_t key, uint32_t value, bint replace) except -1:
         """Add ``key`` with ``value``: 1, or 0 when it is held already (its value then
@@ -834,31 +845,21 @@ cdef class HotTable:
         return self.has(<uint64_t>key)
 
     def __getitem__(self, key):
-        cdef uint64_t k = key
-        cdef Py_ssize_t i
-        if k == 0:
-            if self.has_zero:
-                return self.zero_value
+        cdef uint32_t value
+        if not self.find(<uint64_t>key, &value):
             raise KeyError(key)
-        i = self._slot(k)
-        if self.slot_keys[i] == 0:
-            raise KeyError(key)
-        return self.slot_values[i]
+        return value
 
     def __setitem__(self, key, value):
         self.put(key, value, True)
 
     def get(self, key, default=None):
-        return self[key] if self.has(<uint64_t>key) else default
+        cdef uint32_t value
+        return value if self.find(<uint64_t>key, &value) else default
 
     def keys(self):
         """The keys, in table order (``dict(table)`` reads them, then each value)."""
-        cdef Py_ssize_t i
-        cdef list out = [0] if self.has_zero else []
-        for i in range(self.capacity):
-            if self.slot_keys[i] != 0:
-                out.append(self.slot_keys[i])
-        return out
+        return [key for key, _ in self.items()]
 
     def items(self):
         cdef Py_ssize_t i
@@ -891,20 +892,14 @@ cdef class HotTable:
         """``result[i]`` = the values of ``fingerprints[i]``, when this table holds it:
         ``more``'s tuple for a key with several, else a tuple of its one value. Returns
         ``result`` (the lookup goes on in the frozen generations)."""
-        cdef Py_ssize_t i, slot, n = len(fingerprints)
-        cdef uint64_t key
+        cdef Py_ssize_t i, n = len(fingerprints)
+        cdef uint32_t value
         if len(result) != n:
             raise ValueError("values_into: result and fingerprints differ in length")
         for i in range(n):
             fp = fingerprints[i]
-            key = <uint64_t>fp
-            if key == 0:
-                if self.has_zero:
-                    result[i] = more.get(fp) or (self.zero_value,)
-                continue
-            slot = self._slot(key)
-            if self.slot_keys[slot] != 0:
-                result[i] = (more.get(fp) if more else None) or (self.slot_values[slot],)
+            if self.find(<uint64_t>fp, &value):
+                result[i] = (more.get(fp) if more else None) or (value,)
         return result
 
     def columns(self, uint64_t[::1] keys, uint32_t[::1] values):

@@ -101,8 +101,7 @@ class FingerprintIndex(_core.IndexFields):
             given = set(fingerprints)
             fresh = hot.absent(given)
             if fresh and self._hot_count + len(fresh) < self.freeze_size:
-                hot.add_new(fresh, value)
-                self._hot_count += len(fresh)
+                self._hot_count += hot.add_new(fresh, value)
                 self._hot_newest = now
                 given.difference_update(fresh)
             fingerprints = given
