@@ -121,23 +121,47 @@ def ascii_units(str text, Py_ssize_t offset=0):
     return texts, starts, ends
 
 
-cdef list kgrams_from(const uint64_t* hashes, Py_ssize_t size, Py_ssize_t first, int k):
-    """``kgrams`` of ``hashes[first:size]``."""
-    cdef Py_ssize_t n = size - first - k + 1, i
-    cdef list out = []
-    if n <= 0 or k < 1:
-        return out
+cdef inline Py_ssize_t kgram_count(Py_ssize_t size, Py_ssize_t first, int k) noexcept:
+    """How many k-grams start in ``hashes[first:size]`` (0 for none)."""
+    return size - first - k + 1 if k >= 1 and size - first - k + 1 > 0 else 0
+
+
+cdef void roll_kgrams(const uint64_t* hashes, Py_ssize_t first, Py_ssize_t n, int k,
+                      uint64_t* out) noexcept:
+    """The ``n`` (> 0) k-grams that start at ``hashes[first]``, into ``out``: each rolled
+    from the one before (``Hasher.kgram`` of each window)."""
     cdef uint64_t h = 0, top = 1
+    cdef Py_ssize_t i
     cdef int j
     for j in range(k - 1):
         top *= PRIME  # the oldest unit's multiplier, PRIME ** (k - 1) mod 2**64
     for j in range(k):
         h = h * PRIME + hashes[first + j]
-    out.append(mix64(h))
+    out[0] = mix64(h)
     for i in range(first + 1, first + n):
         h = (h - hashes[i - 1] * top) * PRIME + hashes[i + k - 1]
-        out.append(mix64(h))
-    return out
+        out[i - first] = mix64(h)
+
+
+cdef list list_of(const uint64_t* values, Py_ssize_t n):
+    """``values[:n]`` as a list of ints."""
+    cdef Py_ssize_t i
+    return [values[i] for i in range(n)]
+
+
+cdef list kgrams_from(const uint64_t* hashes, Py_ssize_t size, Py_ssize_t first, int k):
+    """``kgrams`` of ``hashes[first:size]``, a list."""
+    cdef Py_ssize_t n = kgram_count(size, first, k)
+    if n == 0:
+        return []
+    cdef uint64_t* grams = <uint64_t*>malloc(n * sizeof(uint64_t))
+    if grams == NULL:
+        raise MemoryError()
+    try:
+        roll_kgrams(hashes, first, n, k, grams)
+        return list_of(grams, n)
+    finally:
+        free(grams)
 
 
 def kgrams(hashes, int k):
@@ -218,13 +242,16 @@ cdef inline bint sketch_below(const unsigned short* flat, const uint64_t* seeds,
 
 
 def sketch_increment(unsigned short[::1] flat, tuple seeds, uint64_t mask,
-                     Py_ssize_t width, list fingerprints, bint together):
+                     Py_ssize_t width, fingerprints, bint together):
     """``CommonnessSketch.increment``'s loop: one more use in every cell of each
     fingerprint (``sketch_counts``'s cells), saturating at 65535. ``together``: every
     cell is read before any is written, so a cell that several of the fingerprints share
     counts one use (the numpy update of the batch path, ``reference.sketch_increment``);
-    otherwise one fingerprint after another, each use counted."""
-    cdef Py_ssize_t depth = len(seeds), n = len(fingerprints), r, i
+    otherwise one fingerprint after another, each use counted. ``fingerprints``: a list
+    of ints or a ``Column``."""
+    cdef Column column = as_column(fingerprints)
+    cdef const uint64_t* fps = column.data
+    cdef Py_ssize_t depth = len(seeds), n = column.size, r, i
     if depth > 8 or depth * width > flat.shape[0]:
         raise ValueError("sketch_increment: seeds do not fit the counters")
     cdef uint64_t s[8]
@@ -241,9 +268,8 @@ def sketch_increment(unsigned short[::1] flat, tuple seeds, uint64_t mask,
     try:
         for i in range(n):
             if i + AHEAD < n:
-                sketch_prefetch(&flat[0], s, depth, mask, width,
-                                <uint64_t>fingerprints[i + AHEAD], True)
-            fp = <uint64_t>fingerprints[i]
+                sketch_prefetch(&flat[0], s, depth, mask, width, fps[i + AHEAD], True)
+            fp = fps[i]
             for r in range(depth):
                 cell = sketch_cell(s, r, mask, width, fp)
                 if together:
@@ -260,34 +286,42 @@ def sketch_increment(unsigned short[::1] flat, tuple seeds, uint64_t mask,
         free(counts)
 
 
+cdef Column as_column(values):
+    """``values``, a ``Column`` or a list of ints, as a ``Column`` (a copy of a list)."""
+    return values if isinstance(values, Column) else Column(values)
+
+
 cdef uint64_t PAIR_STEP = 0xC2B2AE3D27D4EB4FULL
 cdef uint64_t PAIR_MULTIPLIER = 0x9E3779B97F4A7C15ULL
 
 
 def pair_first_seen(unsigned char[::1] current, const unsigned char[::1] previous,
-                    uint64_t tenant_key, list fingerprints, int shift):
+                    uint64_t tenant_key, fingerprints, int shift):
     """``PairFilter.first_seen``'s loop: each (tenant, fingerprint) pair is three bits,
     the top ``64 - shift`` bits of ``(pair + i * STEP) * MULTIPLIER`` for i = 0, 1, 2
     (``pair = tenant_key ^ fp``), in two Bloom generations of equal size. A pair in
     neither is recorded in ``current`` and its fingerprint returned, in order; a
-    fingerprint given twice is new at most once."""
+    fingerprint given twice is new at most once. ``fingerprints``: a list of ints or a
+    ``Column`` (an output's, read in place). The new ones: a ``Column``."""
     if not 0 < shift < 64 or previous.shape[0] != current.shape[0]:
         raise ValueError("pair_first_seen: generations differ or the shift is out of range")
     if ((<uint64_t>-1) >> shift) >> 3 >= <uint64_t>current.shape[0]:
         raise ValueError("pair_first_seen: the generations are too short for the shift")
     cdef uint64_t fp, pair, a, b, c
     cdef unsigned char am, bm, cm
-    cdef list new = []
-    cdef Py_ssize_t n = len(fingerprints), i
+    cdef Column new = Column()
+    cdef Column column = as_column(fingerprints)
+    cdef const uint64_t* fps = column.data
+    cdef Py_ssize_t n = column.size, i
     for i in range(n):
         if i + AHEAD < n:  # a new pair reads its first bit in both, then writes three
-            pair = tenant_key ^ <uint64_t>fingerprints[i + AHEAD]
+            pair = tenant_key ^ fps[i + AHEAD]
             a = (pair * PAIR_MULTIPLIER) >> shift
             prefetch(&previous[a >> 3])
             prefetch_w(&current[a >> 3])
             prefetch_w(&current[((pair + PAIR_STEP) * PAIR_MULTIPLIER) >> shift >> 3])
             prefetch_w(&current[((pair + 2 * PAIR_STEP) * PAIR_MULTIPLIER) >> shift >> 3])
-        fp = <uint64_t>fingerprints[i]
+        fp = fps[i]
         pair = tenant_key ^ fp
         a = (pair * PAIR_MULTIPLIER) >> shift
         b = ((pair + PAIR_STEP) * PAIR_MULTIPLIER) >> shift
@@ -300,7 +334,7 @@ def pair_first_seen(unsigned char[::1] current, const unsigned char[::1] previou
         current[a >> 3] |= am
         current[b >> 3] |= bm
         current[c >> 3] |= cm
-        new.append(fp)
+        new.push(fp)
     return new
 
 
@@ -975,7 +1009,7 @@ cdef class ScanFields:
     cdef public dict _choices
     cdef public object slot
     cdef public object _now
-    cdef public list _to_count
+    cdef public Column _to_count
     cdef public str tenant
     cdef public dict _similar  # slot -> asked (nearly) the same as this one
 
@@ -984,7 +1018,7 @@ cdef class ScanFields:
         self._choices = {}
         self.slot = slot
         self._now = now
-        self._to_count = []
+        self._to_count = Column()
         self._similar = {}
 
     def feed(self, str delta, choice=0, now=None):
@@ -1145,6 +1179,14 @@ cdef class Column:
 
     def __repr__(self):
         return f"Column({self.tolist()!r})"
+
+    def __eq__(self, other):
+        """Equal to a Column, list or tuple of the same ints in the same order."""
+        if not isinstance(other, (Column, list, tuple)):
+            return NotImplemented
+        return self.tolist() == list(other)
+
+    __hash__ = None  # mutable, as a list
 
     def __getbuffer__(self, Py_buffer* buffer, int flags):
         if flags & PyBUF_WRITABLE:
@@ -1436,6 +1478,14 @@ cdef class DeltaScanner:
     cdef long run_threshold  # round(min_run_words * 2): weights count half-words
     cdef double plain_output_factor, plain_run_factor, plain_cover_factor
     cdef double exclusive, containment
+    # The newest units' k-grams, and after the classification the private ones: the
+    # step's scratch, so that a delta makes no int object per k-gram (a whole response
+    # made hundreds) unless the slow path needs them.
+    cdef uint64_t* grams
+    cdef Py_ssize_t grams_capacity
+
+    def __dealloc__(self):
+        free(self.grams)
 
     def __init__(self, hasher, sketch, index, set baseline, corpus,
                  unit_batch, specific_number, int word_weight, *, dict requests, config,
@@ -1503,10 +1553,21 @@ cdef class DeltaScanner:
         cdef Py_ssize_t first = before - self.k + 1
         if first < 0:
             first = 0
-        cdef list fps = kgrams_from(columns.hashes.data, columns.hashes.size, first, self.k)
-        if not fps:
+        cdef Py_ssize_t n = kgram_count(columns.hashes.size, first, self.k)
+        if n == 0:
             return None
-        return self._classify(response, columns, first, fps)
+        if n > self.grams_capacity:
+            self._grow_grams(n)
+        roll_kgrams(columns.hashes.data, first, n, self.k, self.grams)
+        return self._classify(response, columns, first, n)
+
+    cdef int _grow_grams(self, Py_ssize_t n) except -1:
+        cdef Py_ssize_t capacity = max(n, 2 * self.grams_capacity, 64)
+        cdef uint64_t* grams = <uint64_t*>realloc(self.grams, capacity * sizeof(uint64_t))
+        if grams == NULL:
+            raise MemoryError()
+        self.grams, self.grams_capacity = grams, capacity
+        return 0
 
     cdef Py_ssize_t _add_ascii(self, ChoiceColumns columns, TokenizerState tokenizer,
                                str text, Py_ssize_t base, Py_ssize_t consumed,
@@ -1615,51 +1676,54 @@ cdef class DeltaScanner:
         return n
 
     cdef object _classify(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
-                          list fps):
-        """The fast path of the classification, or ``(first, fps)`` when a k-gram that is
-        not common has an owner other than this tenant's requests of the window (the
-        same order of lookups as ``FingerprintIndex.lookup``). Owned but common k-grams
-        (shared system prompts, popular questions) and k-grams only this tenant holds
-        (its prompt echoed, its earlier answers) are no evidence of a leak: handled here
-        as ``ResponseScan._scan_kgrams`` would handle them."""
+                          Py_ssize_t n):
+        """The fast path of the classification of the ``n`` k-grams in ``grams``, or
+        ``(first, fps)`` (them as a list) when one that is not common has an owner other
+        than this tenant's requests of the window (the same order of lookups as
+        ``FingerprintIndex.lookup``). Owned but common k-grams (shared system prompts,
+        popular questions) and k-grams only this tenant holds (its prompt echoed, its
+        earlier answers) are no evidence of a leak: handled here as
+        ``ResponseScan._scan_kgrams`` would handle them."""
         cdef IndexFields index = self.index
         cdef HotTable hot = index._hot
         cdef FrozenGenerations frozen = index._frozen  # a call only after they change
         if frozen is None:
             frozen = self.index.frozen()
+        cdef uint64_t* grams = self.grams
+        cdef const unsigned short* flat = &self.flat[0]
         cdef uint64_t fp
+        cdef Py_ssize_t i, kept = 0
         cdef set tenant_owned = None
-        for item in fps:
-            fp = <uint64_t>item
+        for i in range(n):
+            fp = grams[i]
             if (hot.has(fp) or (frozen is not None and frozen.holds(fp))) and sketch_below(
-                    &self.flat[0], self.seeds, self.depth, self.mask, self.width, fp,
+                    flat, self.seeds, self.depth, self.mask, self.width, fp,
                     self.common_tenants):
-                if not self._only_tenant_holds(response, item):
-                    return first, fps  # it may be another tenant's: the Python scan
+                if not self._only_tenant_holds(response, fp):
+                    return first, list_of(grams, n)  # it may be another tenant's: the Python scan
                 if tenant_owned is None:
                     tenant_owned = set()
-                tenant_owned.add(item)
-        cdef list to_count = response._to_count, to_index = []
+                tenant_owned.add(fp)
+        cdef Column to_count = response._to_count
         cdef Py_ssize_t corpus_size = self.corpus.shape[0]
-        cdef long private = 0
-        for item in fps:
-            fp = <uint64_t>item
-            if not sketch_below(&self.flat[0], self.seeds, self.depth, self.mask, self.width,
-                                fp, self.common_tenants):
+        for i in range(n):
+            fp = grams[i]
+            if not sketch_below(flat, self.seeds, self.depth, self.mask, self.width, fp,
+                                self.common_tenants):
                 continue  # common text: neither private nor to be counted again
-            if tenant_owned is None or item not in tenant_owned:
-                to_count.append(item)  # this tenant's own text is counted already
-            if self.baseline and item in self.baseline:
+            if tenant_owned is None or fp not in tenant_owned:
+                to_count.push(fp)  # this tenant's own text is counted already
+            if self.baseline and fp in self.baseline:
                 continue
             if corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
                 continue
-            to_index.append(item)
-            private += 1
-        state.private_kgrams += private
+            grams[kept] = fp  # the private ones, in place (kept <= i)
+            kept += 1
+        state.private_kgrams += kept
         if tenant_owned is not None:  # keys held already: the index adds a value
-            self.index.add_many(to_index, (response.slot << 1) | 1, response._now)
-        elif to_index:
-            self._index_fresh(to_index, (response.slot << 1) | 1, response._now)
+            self.index.add_many(list_of(grams, kept), (response.slot << 1) | 1, response._now)
+        elif kept:
+            self._index_fresh(grams, kept, (response.slot << 1) | 1, response._now)
         return None
 
     def classify(self, dict requests, str tenant, list fps):
@@ -1858,20 +1922,21 @@ cdef class DeltaScanner:
                 return False
         return True
 
-    cdef int _index_fresh(self, list fps, value, now) except -1:
-        """``FingerprintIndex.add_many`` of k-grams no generation holds (``_classify``
-        checked): stored in the hot table here while that does not fill it, a Python
-        call less on every delta; else by ``add_many``, which freezes the full table."""
+    cdef int _index_fresh(self, const uint64_t* fps, Py_ssize_t n, value, now) except -1:
+        """``FingerprintIndex.add_many`` of the ``n`` k-grams ``fps``, which no generation
+        holds (``_classify`` checked): stored in the hot table here while that does not
+        fill it, a Python call less on every delta; else by ``add_many``, which freezes
+        the full table."""
         cdef IndexFields index = self.index
         cdef HotTable hot = index._hot
-        cdef Py_ssize_t count = index._hot_count
+        cdef Py_ssize_t count = index._hot_count, i
         cdef uint32_t first_value = value
-        if count + len(fps) >= index.freeze_size:
-            self.index.add_many(fps, value, now)
+        if count + n >= index.freeze_size:
+            self.index.add_many(list_of(fps, n), value, now)
             return 0
-        for item in fps:
+        for i in range(n):
             # One probe: stored unless the same k-gram came twice in this delta.
-            count += hot.put(<uint64_t>item, first_value, False)
+            count += hot.put(fps[i], first_value, False)
         index._hot_count = count
         index._hot_newest = now
         return 0

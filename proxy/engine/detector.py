@@ -26,7 +26,7 @@ import heapq
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice
 
@@ -411,7 +411,7 @@ class Engine(_core.EngineClock):
         scanner = self._delta_scanner or self.delta_scanner()
         return scanner.classify(self._requests, tenant, fps)
 
-    def _count_use(self, tenant: str, fps: list[int], now: float) -> None:
+    def _count_use(self, tenant: str, fps: Sequence[int], now: float) -> None:
         """Count ``tenant``'s use of ``fps`` in the sketch, once per tenant (pair filter)."""
         if fps:
             first_use = self.pairs.first_seen(self._tenant_key(tenant), fps, now)
@@ -659,7 +659,7 @@ class ResponseScan(_core.ScanFields):
     def _count_output(self) -> None:
         """The output's use of text held by no other request, counted at its end."""
         self.engine._count_use(self.tenant, self._to_count, self._now)
-        self._to_count = []
+        self._to_count = _core.Column()
 
     def _finish_choice(self, state: _ChoiceState, choice: int) -> list[Finding]:
         """What the end of a choice teaches the engine: its words, and its entities (an
@@ -896,9 +896,9 @@ class ResponseScan(_core.ScanFields):
         if count_now:
             self._count_holders(count_now, holders)
             self.engine._count_use(self.tenant, count_now, self._now)
-            self._to_count += [fp for fp in unowned if fp not in holders]
+            self._to_count.extend([fp for fp in unowned if fp not in holders])
         else:
-            self._to_count += unowned
+            self._to_count.extend(unowned)
         self.engine.index.add_many(to_index, (self.slot << 1) | 1, self._now)
 
     def _specific_units(self, value: int) -> np.ndarray | None:

@@ -299,7 +299,7 @@ class CommonnessSketch:
             tuple(self._seed_ints),
             self._mask_int,
             self._width,
-            fingerprints if isinstance(fingerprints, list) else list(fingerprints),
+            fingerprints,
             len(fingerprints) > _SCALAR_BATCH,
         )
 
@@ -337,17 +337,18 @@ class PairFilter:
         """Record the pair; True if it was not already there."""
         return bool(self.first_seen(tenant_key, [fingerprint], now))
 
-    def first_seen(self, tenant_key: int, fingerprints: Sequence[int], now: float) -> list[int]:
+    def first_seen(self, tenant_key: int, fingerprints: Sequence[int], now: float) -> _core.Column:
         """Record every (tenant, fingerprint) pair; return the distinct fingerprints whose
-        pair was not there yet, in order (compiled: ``reference.pair_first_seen`` is the
-        Python it replaced)."""
+        pair was not there yet, in order, as a ``_core.Column`` (compiled:
+        ``reference.pair_first_seen`` is the Python it replaced). ``fingerprints``: a
+        sequence of ints; a Column (an output's k-grams) is read in place."""
         self._rotate(now)
         current, previous = self.generations
         return _core.pair_first_seen(
             current,
             previous,
             tenant_key,
-            fingerprints if isinstance(fingerprints, list) else list(fingerprints),
+            fingerprints,
             64 - self._bits,
         )
 
