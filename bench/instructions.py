@@ -1,5 +1,6 @@
 """The engine bench's workload, for an instruction count: ``bench/engine.py``'s fill, then
-``RESPONSES`` of its streamed responses (0: the fill alone). Under ``valgrind
+``RESPONSES`` of its streamed responses (0: the fill alone), or with ``--whole N`` N
+responses fed whole (one ``feed`` each, the bench's "whole response" row). Under ``valgrind
 --tool=callgrind`` with ``PYTHONHASHSEED=0`` a run is repeatable, whatever else the
 machine does; the streamed responses' instructions are a run's total less the fill-only
 run's, and callgrind's inclusive cost of ``_core.ScanFields.feed`` is the per-delta call's
@@ -7,6 +8,7 @@ run's, and callgrind's inclusive cost of ``_core.ScanFields.feed`` is the per-de
 
     PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/instructions.py 120
     PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/instructions.py 0
+    PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/instructions.py 0 --whole 200
 
 A 200,000-fingerprint index from 200 tenants keeps a run under valgrind to minutes.
 """
@@ -26,6 +28,11 @@ from proxy.engine import Engine, EngineConfig  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
+    whole = 0
+    if "--whole" in argv:
+        at = argv.index("--whole")
+        whole = int(argv[at + 1])
+        argv = argv[:at] + argv[at + 2 :]
     responses = int(argv[0]) if argv else 120
     args = bench.parse_args(["--quick", "--fingerprints", "200000", "--tenants", "200"])
     rng = random.Random(args.seed)
@@ -35,6 +42,9 @@ def main(argv: list[str]) -> int:
     if responses:
         result = bench.stream(engine, gen, filled, responses, bench.FILL_SECONDS + 1.0)
         print(f"{result.deltas:,} deltas, {result.bytes:,} bytes")
+    if whole:
+        size, _ = bench.bulk(engine, gen, filled, whole, bench.FILL_SECONDS + 60.0)
+        print(f"{whole} whole responses, {size:,} bytes")
     return 0
 
 
