@@ -553,6 +553,11 @@ ctypedef struct WordEntry:
     uintptr_t users
 
 
+# A bitset's word 0, below bit 32: how many 64-bit words follow. Typed: a literal this
+# large in an expression made Cython compute it with Python ints, on every word learned.
+cdef uint64_t BITSET_WORDS = 0xFFFFFFFF
+
+
 @cython.final
 cdef class WordUsers:
     """Which tenants used each word (a keyed unit hash), for tenants numbered below
@@ -627,7 +632,7 @@ cdef class WordUsers:
         cdef Py_ssize_t mask = self.capacity - 1, j = i, home
         cdef uintptr_t users = self.table[i].users
         if not users & 1:
-            self.bitset_bytes -= (((<uint64_t*>users)[0] & 0xFFFFFFFF) + 1) * sizeof(uint64_t)
+            self.bitset_bytes -= (((<uint64_t*>users)[0] & BITSET_WORDS) + 1) * sizeof(uint64_t)
             free(<void*>users)
         while True:
             j = (j + 1) & mask
@@ -659,7 +664,7 @@ cdef class WordUsers:
             self.bitset_bytes += (words + 1) * sizeof(uint64_t)
             e.users = <uintptr_t>bits
         bits = <uint64_t*>e.users
-        have = bits[0] & 0xFFFFFFFF
+        have = bits[0] & BITSET_WORDS
         if number >> 6 >= have:
             words = number // 64 + 1
             bits = <uint64_t*>realloc(bits, (words + 1) * sizeof(uint64_t))
@@ -718,7 +723,7 @@ cdef class WordUsers:
         cdef uint64_t w, b
         if users & 1:
             return [users >> 1]
-        return [w * 64 + b for w in range(bits[0] & 0xFFFFFFFF) for b in range(64)
+        return [w * 64 + b for w in range(bits[0] & BITSET_WORDS) for b in range(64)
                 if bits[1 + w] >> b & 1]
 
     def pop(self, uint64_t unit):
