@@ -970,7 +970,7 @@ cdef class EngineClock:
     #: What every delta's step reads of the engine besides: its compiled step (None
     #: until built, and after the baseline corpus changes) and its entity index.
     cdef public object _delta_scanner
-    cdef public object entities
+    cdef public EntityIndexFields entities
 
     def __init__(self, long long sequence):
         self.sequence = sequence
@@ -1248,7 +1248,7 @@ cdef class ChoiceColumns:
     victim's own prompt units, the engine's plain words and public numbers, the unit of
     the fictional 555 exchange, and whether the choice's last unit has arrived."""
 
-    cdef public object tokenizer
+    cdef public TokenizerState tokenizer
     cdef readonly Column hashes
     cdef readonly Column numbers
     cdef readonly Column weights
@@ -1256,7 +1256,7 @@ cdef class ChoiceColumns:
     cdef readonly Column starts
     cdef readonly Column ends
     cdef public long private_kgrams
-    cdef public object entities
+    cdef public EntityFeed entities
     cdef readonly Column batches
     cdef readonly Column seqs
     cdef public dict runs
@@ -1472,7 +1472,7 @@ cdef class DeltaScanner:
     cdef uint64_t mask
     cdef Py_ssize_t width
     cdef long common_tenants  # a sketch count at least this is common text
-    cdef object index
+    cdef IndexFields index
     cdef set baseline
     cdef const uint64_t[::1] corpus
     # What the slow path (scan_kgrams) reads of the engine: its window of requests, the
@@ -1541,7 +1541,7 @@ cdef class DeltaScanner:
         cdef Py_ssize_t first = max(0, before - self.k + 1)
         return first, kgrams_from(columns.hashes.data, columns.hashes.size, first, self.k)
 
-    cdef object step(self, response, ChoiceColumns columns, str delta):
+    cdef object step(self, ScanFields response, ChoiceColumns columns, str delta):
         if not delta:
             return None
         cdef TokenizerState tokenizer = columns.tokenizer
@@ -1947,7 +1947,7 @@ cdef class DeltaScanner:
         return 0
 
 
-cdef list feed_delta(scanner, response, ChoiceColumns state, str delta, choice,
+cdef list feed_delta(scanner, ScanFields response, ChoiceColumns state, str delta, choice,
                      EntityIndexFields entity_index, EngineClock clock):
     """``ScanFields.feed`` once its choice's state is found: ``scanner``'s fragment
     step (``DeltaScanner``, or ``detector.PythonDeltaScanner``), the slow path when the
@@ -2258,7 +2258,7 @@ cdef class EntityFeed:
     module's (lowercasing that keeps offsets; the replacement of characters pyahocorasick
     cannot take), given so that this module imports nothing of the engine's."""
 
-    cdef public object _index
+    cdef public EntityIndexFields _index
     cdef public list _text
     cdef public list _raw
     cdef public Py_ssize_t _length
