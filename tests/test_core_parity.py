@@ -86,6 +86,43 @@ def test_stream_tokenizer_units_do_not_depend_on_delta_cuts(text, cuts):
     assert texts == whole.texts
 
 
+# Words, separators that are not word characters to the ASCII step (underscore,
+# apostrophe), capitals, long words, digits, and now and then a non-ASCII letter.
+STREAM_TEXT = st.lists(
+    st.one_of(
+        st.text("abcXYZ019", min_size=1, max_size=20),
+        st.sampled_from([" ", "  ", "_", "'", "-", ".\n", "é", "東", "x" * 70, "Ab" * 9]),
+    ),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=200, deadline=None)
+@given(STREAM_TEXT, st.lists(st.integers(1, 12), max_size=30))
+def test_the_delta_step_s_units_do_not_depend_on_delta_cuts(text, cuts):
+    """The compiled step's columns (unit hashes, numbers, offsets) for a stream cut
+    anywhere are those of the whole text in one delta: a word held back and the delta
+    that continues it are one word, however they were cut."""
+
+    def columns(pieces: list[str]) -> tuple[list[int], ...]:
+        engine = Engine(EngineConfig(key=b"cut-key-0123456789abcdef"))
+        scan = engine.observe_prompt("t", "r", "a question", now=1.0)
+        for piece in pieces:
+            scan.feed(piece, 0, 1.0)
+        scan.finish(1.0)
+        state = scan._choices[0] if scan._choices else None
+        if state is None:
+            return ()
+        return tuple(c.tolist() for c in (state.hashes, state.numbers, state.starts, state.ends))
+
+    pieces, at = [], 0
+    for size in cuts:
+        pieces.append(text[at : at + size])
+        at += size
+    pieces.append(text[at:])
+    assert columns([p for p in pieces if p]) == columns([text] if text else [])
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=60), st.integers(1, 8))
 def test_random_kgrams(hashes, k):

@@ -11,8 +11,8 @@ garbage collector does not walk (issue 16's GC target).
 
 cimport cython
 from cpython.unicode cimport (
-    Py_UNICODE_ISDECIMAL, Py_UNICODE_ISDIGIT, Py_UNICODE_ISSPACE, PyUnicode_KIND, PyUnicode_READ,
-    PyUnicode_READ_CHAR, PyUnicode_Substring,
+    Py_UNICODE_ISDECIMAL, Py_UNICODE_ISDIGIT, Py_UNICODE_ISSPACE, PyUnicode_DecodeASCII,
+    PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR, PyUnicode_Substring,
 )
 from libc.stdint cimport uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
@@ -54,6 +54,18 @@ cdef inline uint64_t mix64(uint64_t x) noexcept nogil:
 
 cdef inline bint is_alnum(unsigned char c) noexcept nogil:
     return (c >= 48 and c <= 57) or (c >= 65 and c <= 90) or (c >= 97 and c <= 122)
+
+
+cdef inline bint ascii_word(str text) noexcept:
+    """``text`` is one ASCII word, a run of ``[A-Za-z0-9]`` (what ``next_word`` finds)."""
+    if not PyUnicode_IS_ASCII(text):
+        return False
+    cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
+    cdef Py_ssize_t i
+    for i in range(PyUnicode_GET_LENGTH(text)):
+        if not is_alnum(data[i]):
+            return False
+    return True
 
 
 cdef inline bint has_ascii_upper(str text) noexcept:
@@ -911,9 +923,14 @@ cdef class HotTable:
     def __iter__(self):
         return iter(self.keys())
 
-    def clear(self):
-        """Empty, and back to the smallest table (a frozen generation's memory goes)."""
-        self._allocate(HOT_MIN_SLOTS)
+    def clear(self, bint keep_slots=False):
+        """Empty, and back to the smallest table (an idle index's memory goes); or, with
+        ``keep_slots``, the same slots emptied (a table that will fill again: regrown
+        from the smallest, it rehashed each key about twice on the way)."""
+        if keep_slots:
+            memset(self.slot_keys, 0, self.capacity * sizeof(uint64_t))
+        else:
+            self._allocate(HOT_MIN_SLOTS)
         self.count, self.has_zero = 0, False
 
     def absent(self, fingerprints):
@@ -1083,7 +1100,8 @@ cdef class Column:
     cdef int grow(self, Py_ssize_t needed) except -1:
         if self.exports:
             raise BufferError("Column: cannot grow while a buffer of it is exported")
-        cdef Py_ssize_t capacity = max(16, self.capacity * 2, needed)
+        # From 64: a choice's columns grow with its units, ~150 in a typical answer.
+        cdef Py_ssize_t capacity = max(64, self.capacity * 2, needed)
         cdef uint64_t* data = <uint64_t*>realloc(self.data, capacity * sizeof(uint64_t))
         if data == NULL:
             raise MemoryError()
@@ -1535,7 +1553,7 @@ cdef class DeltaScanner:
         tokenizer._pending, tokenizer._pending_at = "", consumed
         if text:
             if PyUnicode_IS_ASCII(text):
-                self._add_ascii(columns, tokenizer, text, base, consumed, True)
+                self._add_ascii(columns, tokenizer, text, base, consumed, True, 0)
             else:
                 self._add_batch(columns, tokenizer, text, base, consumed, True)
         cdef Py_ssize_t first = max(0, before - self.k + 1)
@@ -1545,16 +1563,22 @@ cdef class DeltaScanner:
         if not delta:
             return None
         cdef TokenizerState tokenizer = columns.tokenizer
-        cdef str text = tokenizer._pending + delta if tokenizer._pending else delta
+        cdef str pending = tokenizer._pending, text
         cdef Py_ssize_t base = tokenizer._pending_at
         cdef Py_ssize_t consumed = tokenizer._consumed + len(delta)
         cdef Py_ssize_t before = columns.hashes.size
         tokenizer._consumed = consumed
-        if PyUnicode_IS_ASCII(text):
-            if not self._add_ascii(columns, tokenizer, text, base, consumed, False):
+        if pending and PyUnicode_IS_ASCII(delta) and ascii_word(pending):
+            # Most deltas: a held word and an ASCII delta, tokenized as one text.
+            if not self._add_after(columns, tokenizer, pending, delta, base, consumed):
                 return None
-        elif not self._add_batch(columns, tokenizer, text, base, consumed, False):
-            return None
+        else:
+            text = pending + delta if pending else delta
+            if PyUnicode_IS_ASCII(text):
+                if not self._add_ascii(columns, tokenizer, text, base, consumed, False, 0):
+                    return None
+            elif not self._add_batch(columns, tokenizer, text, base, consumed, False):
+                return None
         cdef Py_ssize_t first = before - self.k + 1
         if first < 0:
             first = 0
@@ -1576,14 +1600,12 @@ cdef class DeltaScanner:
 
     cdef Py_ssize_t _add_ascii(self, ChoiceColumns columns, TokenizerState tokenizer,
                                str text, Py_ssize_t base, Py_ssize_t consumed,
-                               bint final) except -1:
-        """The tokenizer's step on ASCII ``text`` (``ascii_units``'s loop), its units
-        appended straight to the columns; the word that touches the end is held back,
-        unless the stream has ended (``final``). Returns how many units it added."""
+                               bint final, Py_ssize_t i) except -1:
+        """The tokenizer's step on ASCII ``text`` from ``i`` (``ascii_units``'s loop), its
+        units appended straight to the columns; the word that touches the end is held
+        back, unless the stream has ended (``final``). Returns how many units it added."""
         cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
-        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), i = 0, start, added = 0
-        cdef Column cumulative = columns.cumulative
-        cdef uint64_t total = cumulative.last(), weight = self.word_weight
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), start, added = 0
         cdef bint upper
         tokenizer._pending, tokenizer._pending_at = "", consumed
         while True:
@@ -1594,15 +1616,52 @@ cdef class DeltaScanner:
                 tokenizer._pending = PyUnicode_Substring(text, start, n)
                 tokenizer._pending_at = base + start
                 break
-            columns.hashes.push(self._ascii_unit(text, data, start, i, upper))
-            columns.numbers.push(specific_ascii_number(data + start, i - start))
-            columns.weights.push(weight)
-            total += weight
-            cumulative.push(total)
-            columns.starts.push(base + start)
-            columns.ends.push(base + i)
+            self._push_word(columns, data + start, i - start, upper, base + start)
             added += 1
         return added
+
+    cdef Py_ssize_t _add_after(self, ChoiceColumns columns, TokenizerState tokenizer,
+                               str pending, str delta, Py_ssize_t base,
+                               Py_ssize_t consumed) except -1:
+        """``_add_ascii`` of ``pending + delta`` (``pending`` the ASCII word held back, at
+        ``base``; ``delta`` ASCII) without joining the two: only the held word's characters and
+        the delta's that continue it are, in a buffer when short."""
+        cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(delta)
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(delta), held = PyUnicode_GET_LENGTH(pending)
+        cdef Py_ssize_t j = 0, length, c
+        cdef unsigned char buffer[64]
+        cdef const unsigned char* word
+        cdef str joined = None
+        cdef bint upper = False
+        while j < n and is_alnum(data[j]):
+            j += 1
+        if j == n:  # the delta only continues the word: it may go on still
+            tokenizer._pending = pending + delta
+            return 0
+        length = held + j
+        if length <= 64:
+            memcpy(buffer, PyUnicode_DATA(pending), held)
+            memcpy(buffer + held, data, j)
+            word = buffer
+        else:
+            joined = pending + PyUnicode_Substring(delta, 0, j)
+            word = <const unsigned char*>PyUnicode_DATA(joined)
+        for c in range(length):
+            upper |= 65 <= word[c] <= 90
+        self._push_word(columns, word, length, upper, base)
+        return 1 + self._add_ascii(columns, tokenizer, delta, base + held, consumed, False, j)
+
+    cdef inline int _push_word(self, ChoiceColumns columns, const unsigned char* word,
+                        Py_ssize_t length, bint upper, Py_ssize_t start) except -1:
+        """Append the ASCII word ``word[:length]`` at ``start`` to the columns: its unit
+        hash, whether it is a specific number, its weight and offsets."""
+        columns.hashes.push(self._ascii_unit(word, length, upper))
+        columns.numbers.push(specific_ascii_number(word, length))
+        columns.weights.push(self.word_weight)
+        columns.cumulative.push(columns.cumulative.last() + self.word_weight)
+        columns.starts.push(start)
+        columns.ends.push(start + length)
+        return 0
 
     def ascii_unit_hashes(self, str text not None):
         """``Hasher.units(unit_texts(text))`` of an ASCII text: its words
@@ -1618,19 +1677,19 @@ cdef class DeltaScanner:
             start = next_word(data, i, n, &i, &upper)
             if start == n:
                 return hashes
-            hashes.append(self._ascii_unit(text, data, start, i, upper))
+            hashes.append(self._ascii_unit(data + start, i - start, upper))
 
-    cdef uint64_t _ascii_unit(self, str text, const unsigned char* data, Py_ssize_t start,
-                              Py_ssize_t end, bint upper) except? 0:
-        """The unit hash of the ASCII word ``text[start:end]`` (not empty)."""
+    cdef uint64_t _ascii_unit(self, const unsigned char* word, Py_ssize_t length,
+                              bint upper) except? 0:
+        """The unit hash of the ASCII word ``word[:length]`` (not empty)."""
         cdef uint64_t key[2]
         cdef uint64_t value
         cdef ShortWord* ways = NULL
-        if end - start <= 16:
-            ways = self.short_words.way(data + start, end - start, key)
+        if length <= 16:
+            ways = self.short_words.way(word, length, key)
             if self.short_words.get(ways, key, &value):
                 return value
-        cdef str unit = PyUnicode_Substring(text, start, end)
+        cdef str unit = PyUnicode_DecodeASCII(<const char*>word, length, NULL)
         if upper:
             unit = unit.lower()
         h = self.cache.get(unit)

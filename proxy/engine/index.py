@@ -189,7 +189,7 @@ class FingerprintIndex(_core.IndexFields):
             keys = np.insert(keys, at, extra_keys)
             values = np.insert(values, at, [v for vs in lists.values() for v in vs[1:]])
         self._generations.append(_Generation(keys, values, self._hot_newest))
-        self._hot = _core.HotTable()  # a new one: the grown table's memory goes
+        self._hot.clear(keep_slots=True)  # it fills again: its grown slots stay
         self._hot_more = {}
         self._hot_count = 0
         self._mark_any(self._generations[-1].keys)
