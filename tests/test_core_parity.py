@@ -384,6 +384,19 @@ def test_frozen_lookup_is_the_reference_one(seed, size):
 
 
 @settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 12))
+def test_a_generation_s_directory_is_numpy_s_searchsorted(keys, bits):
+    """Each bucket's first key, as numpy finds it: keys above 2**63, repeated keys,
+    empty buckets, no keys."""
+    array = np.sort(np.array(keys, dtype=np.uint64))
+    starts = np.empty((1 << bits) + 1, np.uint32)
+    _core.bucket_starts(array, 64 - bits, starts)
+    firsts = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)
+    assert starts[:-1].tolist() == np.searchsorted(array, firsts).tolist()
+    assert starts[-1] == len(array)
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=50), st.lists(st.integers(0, 2**64 - 1)))
 def test_sorted_membership_is_numpy_s(keys, others):
     """The prompt units' and the baseline corpus's membership tests, against numpy's
@@ -646,6 +659,9 @@ def test_compiled_lookups_refuse_columns_that_do_not_fit():
         _core.FrozenGenerations([(keys, aligned, b"\xff", 48)], any_bits, 40)
     with pytest.raises(ValueError, match="too short"):
         _core.FrozenGenerations([(keys, aligned, b"\xff" * 8192, 48)], bytearray(8), 40)
+    with pytest.raises(ValueError, match="directory"):  # its last entry is not the size
+        columns = (keys, aligned, b"\xff" * 8192, 48, np.zeros(3, np.uint32), 63)
+        _core.FrozenGenerations([columns], any_bits, 40)
     frozen = _core.FrozenGenerations([(keys, aligned, b"\xff" * 8192, 48)], any_bits, 40)
     with pytest.raises(ValueError, match="differ in length"):
         frozen.values_into([1, 2], [()])

@@ -105,7 +105,7 @@ def frozen_values(
         bucket = fp >> any_shift
         if not any_bits[bucket >> 3] >> (bucket & 7) & 1:
             continue
-        for keys, values, bitmap, shift in generations:
+        for keys, values, bitmap, shift, *_ in generations:  # the directory: a speed-up
             bucket = fp >> shift
             if not bitmap[bucket >> 3] >> (bucket & 7) & 1:
                 continue
