@@ -2268,10 +2268,11 @@ cdef class EntityIndexFields:
     the automata may be rebuilt next (``maybe_rebuild``: at most every
     ``rebuild_interval`` seconds of ``time.monotonic()``, or at 256 pending keys).
 
-    Also a prefilter of the automata: a Bloom filter (two bits) of the last
-    ``FINAL_GRAM`` characters of every key they hold (``add_finals``; ``clear_finals``
-    when they are rebuilt whole). A delta in which no such tail ends meets no key of
-    theirs, and most deltas are such: they skip the automata. With one bit a key, 1,700
+    Also a prefilter of the keys: a Bloom filter (two bits) of the last ``FINAL_GRAM``
+    characters of every key the automata hold or that is pending (``add_finals``;
+    ``clear_finals`` when the automata are rebuilt whole). A delta in which no such tail
+    ends meets no key, and most deltas are such: they skip the automata and the pending
+    keys' search. With one bit a key, 1,700
     keys passed 1% of the engine bench's deltas, which then paid for every automaton
     (its p99)."""
 
@@ -2457,9 +2458,9 @@ cdef class EntityFeed:
                             candidates = []
                         candidates.append((end, entity_id, text))
         cdef list pending = index.pending
-        if pending:
-            if window is None:
-                window = self.tail_text(1) + delta
+        # The prefilter holds the pending keys' ends too (``EntityIndex.add``): a delta
+        # it passed over (no window made) meets no key, in an automaton or not.
+        if pending and window is not None:
             for entity_id, key in pending:
                 start = window.find(key)
                 while start != -1:

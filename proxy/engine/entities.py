@@ -308,6 +308,9 @@ class EntityIndex(EntityIndexFields):
         if text is not None and entity_id not in self._texts:
             self._texts[entity_id] = text
             self.pending.append(untracked((entity_id, text)))
+            # Its end in the prefilter now, not at the rebuild: a delta where no key's
+            # end is skips the pending keys' search as well as the automata.
+            self.add_finals((text,))
             self.longest = max(self.longest, len(text))
         owner.tenants[tenant] = untracked((value, now))
         owner.prompted |= not value & 1
@@ -380,7 +383,7 @@ class EntityScanner(EntityFeed):
     entity cut across deltas (or by a swap of the automata) is still found; the automata
     run only when some key's last characters end in it (``EntityIndexFields``'
     prefilter), which most deltas fail. Keys still pending (added since the last
-    rebuild) are searched in that window directly. A match must stand on word
+    rebuild, their ends in the prefilter already) are searched in that window directly. A match must stand on word
     boundaries (so ``12345678`` does not match inside ``9123456789``); a match that
     ends exactly at the end of the text so far is confirmed by the next delta or by
     ``finish``. ``feed`` is compiled (``_core.EntityFeed``; ``reference.entity_feed`` is
