@@ -111,6 +111,15 @@ def finding_keys(events) -> dict[tuple[str, str], tuple[str | None, str]]:
     }
 
 
+def with_leaks_from(requests: set[str], faults: dict[str, dict]) -> set[str]:
+    """``requests`` and every request the simulator leaked into from one of them, or from
+    one of those, and so on (the truth's ``source_request_id`` chains)."""
+    out = set(requests)
+    while grown := {r for r, f in faults.items() if f.get("source_request_id") in out} - out:
+        out |= grown
+    return out
+
+
 def epoch(ts: str) -> float:
     return datetime.fromisoformat(ts).timestamp()
 
@@ -374,7 +383,13 @@ def main() -> int:
     second_half = {k: [s for s in v if s[0] >= judged_from[k]] for k, v in samples.items()}
     slopes = {k: slope_per_hour(v) for k, v in second_half.items()}
     fd_half = [n for t, n in fds if t >= half]
-    # A finding whose victim or source the live detector never scanned is the replay's alone.
+    truth = (work / "truth.jsonl").read_text().splitlines()
+    faults = {t["request_id"]: t for t in map(json.loads, filter(str.strip, truth))}
+    faulted = faults.keys()
+    # A finding whose victim or source the live detector never scanned is the replay's
+    # alone; so is one whose source carried a leak from such an exchange (live, that text
+    # first reached the index as the source's; seen once after the detector's kill).
+    unscanned = with_leaks_from(unscanned, faults)
     differ = {
         k for k in live.keys() ^ replayed.keys() if not {k[0], (live | replayed)[k][0]} & unscanned
     }
@@ -384,9 +399,6 @@ def main() -> int:
     # a run of ~150 findings, live or replay alike; the clock bug of 0d8a261 made 3.2%),
     # tolerated up to MAX_BORDERLINE of the exchanges flagged live. Counted by exchange:
     # one tipped exchange differs once per source tenant it names (seen: 2 keys, 1 victim).
-    truth = (work / "truth.jsonl").read_text().splitlines()
-    faults = {t["request_id"]: t for t in map(json.loads, filter(str.strip, truth))}
-    faulted = faults.keys()
     on_clean = sorted(k for k in differ if k[0] not in faulted)
     tipped = {victim for victim, _ in differ}
     flagged = {victim for victim, _ in live}
