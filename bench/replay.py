@@ -56,9 +56,10 @@ extrapolated: every figure is measured in this run, on this machine.
                            [--workdir DIR] [--json out.json]
 
 ``--quick`` (~1 min): sizes 4 and 16 MB, 80 journal requests, 1,200 exchanges per log
-format. Exit status 0 when every replay ran (exit 0/1) and found leaks and every log
-format was read whole at least ``MIN_READ_RATIO`` times faster than it replayed, 1
-otherwise.
+format. Exit status 0 when every replay ran (exit 0/1) and found leaks, every log
+format was read whole at least ``MIN_READ_RATIO`` times faster than it replayed, and
+issue 16's targets were met (``TARGET_EXCHANGES_PER_S`` on captures of 64 MB or more,
+peak RSS no higher than ``PEAK_RSS_MB_AT_ISSUE``); 1 otherwise.
 """
 
 from __future__ import annotations
@@ -104,6 +105,13 @@ SAMPLE_EVERY = 0.2  # seconds between VmRSS samples
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 MIN_MBPS = 0.3  # a replay slower than this is killed (timeout = 120 s + size / MIN_MBPS)
+# Issue 16's targets for the capture's replay: >= 2,000 exchanges/s, judged on captures of
+# at least 64 MB (on the --quick sizes the process start, ~0.6 s, is most of the run), and
+# peak RSS no higher than when the issue was filed: the ladder of docs/forensics.md then
+# (commit 1cb26a3, 2026-12-01), by capture size in MB. Sizes not in it are not judged.
+TARGET_EXCHANGES_PER_S = 2000.0
+TARGET_JUDGED_FROM_MB = 64
+PEAK_RSS_MB_AT_ISSUE = {64: 157.0, 256: 176.0, 1024: 208.0}
 
 
 # --- the synthetic capture ------------------------------------------------------------------
@@ -552,6 +560,25 @@ def format_rows(args: argparse.Namespace, workdir: Path, config: Path) -> list[F
     return rows
 
 
+def target_misses(rows: Sequence[ReplayRow]) -> list[str]:
+    """Issue 16's targets missed by the capture's replays (see ``TARGET_EXCHANGES_PER_S``)."""
+    misses = []
+    for r in rows:
+        size = round(r.bytes / MB)
+        if size >= TARGET_JUDGED_FROM_MB and r.exchanges_per_s < TARGET_EXCHANGES_PER_S:
+            misses.append(
+                f"replay {r.input}: {r.exchanges_per_s:,.0f} exchanges/s "
+                f"(target >= {TARGET_EXCHANGES_PER_S:,.0f})"
+            )
+        baseline = PEAK_RSS_MB_AT_ISSUE.get(size)
+        if baseline is not None and r.peak_rss_mb > baseline:
+            misses.append(
+                f"replay {r.input}: peak RSS {r.peak_rss_mb:.0f} MB (target <= {baseline:.0f}, "
+                "the issue's)"
+            )
+    return misses
+
+
 def format_misses(rows: Sequence[FormatRow]) -> list[str]:
     """What a format row missed: a replay error, a skipped record, no leak found, or
     reading slower than MIN_READ_RATIO times the replay."""
@@ -913,6 +940,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print()
     print(ladder_table(rows))
+    targets_missed = target_misses(rows)
+    for miss in targets_missed:
+        print(f"  ! {miss}")
     print()
     print(format_table(formats))
     misses = format_misses(formats)
@@ -938,6 +968,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ok = (
         not misses
+        and not targets_missed
         and all(r.error is None and r.findings for r in rows)
         and (journal is None or (journal.returncode in (0, 1) and journal.exchanges > 0))
     )
@@ -954,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
             "formats": [asdict(r) for r in formats],
             "journal": None if journal is None else asdict(journal),
             "caps": caps,
+            "targets_missed": targets_missed,
             "elapsed_s": elapsed,
             "pass": ok,
         }
