@@ -493,6 +493,43 @@ def test_merged_generations_are_a_stable_sort_of_both(a, b):
 
 
 @settings(max_examples=200, deadline=None)
+@given(
+    st.one_of(
+        st.sets(st.integers(0, 2**64 - 1), max_size=300),  # hashes: spread over the buckets
+        st.sets(st.integers(0, 70), max_size=70),  # small integers: a few crowded buckets
+        st.sets(st.integers(2**63, 2**63 + 40), max_size=40),  # one crowded top bucket
+    ),
+    st.randoms(use_true_random=False),
+)
+def test_sorted_pairs_are_numpy_s_argsort(keys, rnd):
+    """An index freeze's sort: the keys (unique, as a hot table's) ascending, each value
+    still with its key, as ``numpy.argsort`` and two gathers made them."""
+    keys = list(keys)
+    rnd.shuffle(keys)
+    k = np.array(keys, np.uint64)
+    v = np.array([rnd.randrange(2**32) for _ in keys], np.uint32)
+    order = np.argsort(k)
+    expected_keys, expected_values = k[order].tolist(), v[order].tolist()
+    _core.sort_pairs(k, v)
+    assert k.tolist() == expected_keys
+    assert v.tolist() == expected_values
+
+
+def test_sorting_pairs_of_a_whole_freeze():
+    """65,536 hashed keys, the size of a freeze; and columns that do not align."""
+    rng = np.random.default_rng(7)
+    k = rng.integers(0, 2**64 - 1, 65_536, dtype=np.uint64, endpoint=True)
+    v = np.arange(len(k), dtype=np.uint32)
+    expected = k.copy()
+    expected.sort()
+    original = k.copy()
+    _core.sort_pairs(k, v)
+    assert (k == expected).all() and (original[v] == k).all()
+    with pytest.raises(ValueError, match="length"):
+        _core.sort_pairs(k, v[:-1])
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.sets(st.integers(0, 2**64 - 1), max_size=60), st.sets(st.integers(0, 2**64 - 1)))
 def test_the_signatures_intersection_is_numpy_s(a, b):
     """Two prompts' signatures (sorted, unique) share what numpy's intersect1d finds."""

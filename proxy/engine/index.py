@@ -194,8 +194,7 @@ class FingerprintIndex(_core.IndexFields):
             hot[fp] = vs[0]
         keys, values = np.empty(len(hot), np.uint64), np.empty(len(hot), np.uint32)
         hot.columns(keys, values)
-        order = np.argsort(keys)
-        keys, values = keys[order], values[order]
+        _core.sort_pairs(keys, values)
         if lists:
             extra_keys = np.array([fp for fp, vs in lists.items() for _ in vs[1:]], np.uint64)
             at = keys.searchsorted(extra_keys, side="right")
