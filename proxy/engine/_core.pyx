@@ -823,29 +823,32 @@ cdef class WordUsers:
         bits[0] += <uint64_t>1 << 32
         return <uint32_t>(bits[0] >> 32)
 
-    def learn(self, list units, uint32_t number, double needed, set plain, dict named,
-              Py_ssize_t max_entries):
-        """Tenant ``number``'s use of ``units`` (below ``bitset_tenants``): a word it is
-        the ``needed``-th tenant of goes to ``plain`` and is forgotten here. Words in
-        ``plain`` are skipped; words in ``named`` (users kept by name) are returned, in
-        order, for the caller to count. Before a new word makes the words here and in
-        ``named`` reach ``max_entries``, both are cleared (rare words of the past)."""
+    def learn(self, units, uint32_t number, double needed, set plain, HotTable plain_units,
+              dict named, Py_ssize_t max_entries):
+        """Tenant ``number``'s use of ``units`` (a ``Column`` or a list of ints; below
+        ``bitset_tenants``): a word it is the ``needed``-th tenant of goes to ``plain``
+        and to ``plain_units`` (the same words in C, which this loop asks instead of the
+        set: no int object a word) and is forgotten here. Plain words are skipped; words
+        in ``named`` (users kept by name) are returned, in order, for the caller to count.
+        Before a new word makes the words here and in ``named`` reach ``max_entries``,
+        both are cleared (rare words of the past)."""
         if number >= self.bitset_tenants:
             raise ValueError("WordUsers.learn: the tenant's number is past the bitset's")
+        cdef Column column = as_column(units)
+        cdef const uint64_t* data = column.data
         cdef list by_name = []
-        cdef Py_ssize_t i, at, n = len(units)
+        cdef Py_ssize_t i, at, n = column.size
         cdef uint32_t users
         cdef uint64_t unit
         for at in range(n):
             if at + AHEAD < n:
-                prefetch(&self.table[mix64(<uint64_t>units[at + AHEAD]) & <uint64_t>(self.capacity - 1)])
-            item = units[at]
-            if item in plain:
+                prefetch(&self.table[mix64(data[at + AHEAD]) & <uint64_t>(self.capacity - 1)])
+            unit = data[at]
+            if plain_units.has(unit):
                 continue
-            if named and item in named:
-                by_name.append(item)
+            if named and unit in named:
+                by_name.append(unit)
                 continue
-            unit = <uint64_t>item
             i = self._slot(unit)
             if not self.table[i].users:
                 if self.count + len(named) >= max_entries:
@@ -856,7 +859,8 @@ cdef class WordUsers:
                 continue
             users = self._add_user(&self.table[i], number)
             if users > 1 and users >= needed:
-                plain.add(item)
+                plain.add(unit)
+                plain_units.put(unit, 1, False)
                 self._remove(i)
         return by_name
 

@@ -665,7 +665,7 @@ class ResponseScan(_core.ScanFields):
         """What the end of a choice teaches the engine: its words, and its entities (an
         entity another request owns is a finding; the others become this output's)."""
         engine = self.engine
-        engine.vocabulary.learn(self.tenant, state.hashes.tolist())
+        engine.vocabulary.learn(self.tenant, state.hashes)
         found = self._entity_findings(choice, [(s, e, i) for _, i, s, e in state.extracted])
         output_value = (self.slot << 1) | 1
         for kind, entity_id, _, _ in state.extracted:
@@ -1169,8 +1169,8 @@ class Vocabulary:
     """
 
     __slots__ = (
-        "_common_tenants", "_share", "_numbered", "_named", "_plain", "_tenants", "_names",
-        "max_entries",
+        "_common_tenants", "_share", "_numbered", "_named", "_plain", "_plain_units",
+        "_tenants", "_names", "max_entries",
     )  # fmt: skip
 
     def __init__(
@@ -1189,6 +1189,9 @@ class Vocabulary:
         self._numbered = _core.WordUsers(bitset_tenants)
         self._named: dict[int, set[str]] = {}
         self._plain: set[int] = set()
+        # The same words in C, for the vocabulary's own loop: asking the set took an int
+        # object a word (a response's ~200 words: ~10 us of its end).
+        self._plain_units = _core.HotTable()
         self._tenants: dict[str, int] = {}  # name -> number, in order of first use
         self._names: list[str] = []  # number -> name
         self.max_entries = max_entries
@@ -1204,14 +1207,16 @@ class Vocabulary:
             self._names.append(tenant)
         needed = max(self._common_tenants, self._share * len(tenants))
         number = tenants.get(tenant)
-        units = units if isinstance(units, list) else list(units)
+        if not isinstance(units, list | _core.Column):
+            units = list(units)
         if number is not None and number < self._numbered.bitset_tenants:
             units = self._numbered.learn(
-                units, number, needed, self._plain, self._named, self.max_entries
-            )
+                units, number, needed, self._plain, self._plain_units, self._named,
+                self.max_entries,
+            )  # fmt: skip
         self._learn_by_name(tenant, units, needed)
 
-    def _learn_by_name(self, tenant: str, units: list[int], needed: float) -> None:
+    def _learn_by_name(self, tenant: str, units: Iterable[int], needed: float) -> None:
         """Count ``tenant`` among the users of ``units`` by name: every word of a tenant
         past the bitset's, and the words already kept by name."""
         plain, named = self._plain, self._named
@@ -1233,6 +1238,7 @@ class Vocabulary:
             users.add(tenant)
             if len(users) >= needed:
                 plain.add(unit)
+                self._plain_units[unit] = 1
                 del named[unit]
 
     @property
@@ -1240,7 +1246,9 @@ class Vocabulary:
         return self._plain
 
     def add_plain(self, units: Iterable[int]) -> None:
+        units = list(units)
         self._plain.update(units)
+        self._plain_units.add_new(units, 1)
 
     def is_plain(self, unit: int) -> bool:
         return unit in self._plain
