@@ -692,17 +692,21 @@ def test_compiled_lookups_refuse_columns_that_do_not_fit():
     keys = np.array([1, 2, 3], dtype=np.uint64)
     values = np.array([7, 8], dtype=np.uint32)  # one short
     any_bits = bytearray(1 << 21)
+    directory = (np.array([0, 3, 3], np.uint32), 63)  # every key in the lower bucket
     with pytest.raises(ValueError, match="align"):
-        _core.FrozenGenerations([(keys, values, b"\xff" * 8192, 48)], any_bits, 40)
+        _core.FrozenGenerations([(keys, values, b"\xff" * 8192, 48, *directory)], any_bits, 40)
     aligned = np.append(values, 9).astype(np.uint32)
     with pytest.raises(ValueError, match="too short"):
-        _core.FrozenGenerations([(keys, aligned, b"\xff", 48)], any_bits, 40)
+        _core.FrozenGenerations([(keys, aligned, b"\xff", 48, *directory)], any_bits, 40)
     with pytest.raises(ValueError, match="too short"):
-        _core.FrozenGenerations([(keys, aligned, b"\xff" * 8192, 48)], bytearray(8), 40)
+        columns = (keys, aligned, b"\xff" * 8192, 48, *directory)
+        _core.FrozenGenerations([columns], bytearray(8), 40)
     with pytest.raises(ValueError, match="directory"):  # its last entry is not the size
         columns = (keys, aligned, b"\xff" * 8192, 48, np.zeros(3, np.uint32), 63)
         _core.FrozenGenerations([columns], any_bits, 40)
-    frozen = _core.FrozenGenerations([(keys, aligned, b"\xff" * 8192, 48)], any_bits, 40)
+    frozen = _core.FrozenGenerations(
+        [(keys, aligned, b"\xff" * 8192, 48, *directory)], any_bits, 40
+    )
     with pytest.raises(ValueError, match="differ in length"):
         frozen.values_into([1, 2], [()])
     with pytest.raises(ValueError, match="do not fit"):

@@ -557,13 +557,13 @@ def merge_sorted(const uint64_t[::1] a_keys, const uint32_t[::1] a_values,
 cdef class FrozenGenerations:
     """The frozen generations of a ``FingerprintIndex``, read in place: built once when
     they change, so that a lookup acquires no buffer. ``generations`` are ``(keys,
-    values, bitmap, shift[, starts, starts_shift])``: sorted uint64 keys, their uint32
-    values, a bit per top-``64 - shift``-bits bucket that says "maybe here", and, when
-    given, a directory of where each top-``64 - starts_shift``-bits bucket's keys start
+    values, bitmap, shift, starts, starts_shift)``: sorted uint64 keys, their uint32
+    values, a bit per top-``64 - shift``-bits bucket that says "maybe here", and a
+    directory of where each top-``64 - starts_shift``-bits bucket's keys start
     (``bucket_starts``: a search reads one entry and a few keys, not ~17 keys far
-    apart); ``any_bits`` is the union of the bitmaps over ``any_shift``. The arrays must not change while this object lives (the
-    index replaces them, never writes to them, except ``any_bits``, which it only ORs
-    bits into)."""
+    apart); ``any_bits`` is the union of the bitmaps over ``any_shift``. The arrays must
+    not change while this object lives (the index replaces them, never writes to them,
+    except ``any_bits``, which it only ORs bits into)."""
 
     cdef Py_ssize_t count
     cdef const uint64_t** keys
@@ -571,7 +571,7 @@ cdef class FrozenGenerations:
     cdef const unsigned char** bitmaps
     cdef Py_ssize_t* sizes
     cdef int* shifts
-    cdef const uint32_t** starts  # NULL for a generation given no directory
+    cdef const uint32_t** starts
     cdef int* starts_shifts
     cdef const unsigned char[::1] any_bits
     cdef int any_shift
@@ -591,27 +591,24 @@ cdef class FrozenGenerations:
         self.bitmaps = <const unsigned char**>malloc((count + 1) * sizeof(void*))
         self.sizes = <Py_ssize_t*>malloc((count + 1) * sizeof(Py_ssize_t))
         self.shifts = <int*>malloc((count + 1) * sizeof(int))
-        self.starts = <const uint32_t**>calloc(count + 1, sizeof(void*))
+        self.starts = <const uint32_t**>malloc((count + 1) * sizeof(void*))
         self.starts_shifts = <int*>malloc((count + 1) * sizeof(int))
         if not (self.keys and self.values and self.bitmaps and self.sizes and self.shifts
                 and self.starts and self.starts_shifts):
             raise MemoryError()
         for g in range(count):
-            gen_keys, gen_values, gen_bitmap, gen_shift = generations[g][:4]
-            keys, values, bitmap = gen_keys, gen_values, gen_bitmap
-            if len(generations[g]) > 4:
-                starts, starts_shift = generations[g][4:6]
-                if (not 0 < starts_shift < 64 or starts.shape[0] < 2
-                        or ((<uint64_t>-1) >> starts_shift) >= <uint64_t>(starts.shape[0] - 1)
-                        or starts[starts.shape[0] - 1] != keys.shape[0]):
-                    raise ValueError("FrozenGenerations: a directory does not fit its keys")
-                self.held.append(starts)
-                self.starts[g], self.starts_shifts[g] = &starts[0], starts_shift
+            gen_keys, gen_values, gen_bitmap, gen_shift, gen_starts, starts_shift = generations[g]
+            keys, values, bitmap, starts = gen_keys, gen_values, gen_bitmap, gen_starts
+            if (not 0 < starts_shift < 64 or starts.shape[0] < 2
+                    or ((<uint64_t>-1) >> starts_shift) >= <uint64_t>(starts.shape[0] - 1)
+                    or starts[starts.shape[0] - 1] != keys.shape[0]):
+                raise ValueError("FrozenGenerations: a directory does not fit its keys")
+            self.starts[g], self.starts_shifts[g] = &starts[0], starts_shift
             if values.shape[0] != keys.shape[0] or not 0 < gen_shift < 64:
                 raise ValueError("FrozenGenerations: a generation's columns do not align")
             if ((<uint64_t>-1) >> gen_shift) >> 3 >= <uint64_t>bitmap.shape[0]:
                 raise ValueError("FrozenGenerations: a bitmap is too short for its shift")
-            self.held.append((keys, values, bitmap))
+            self.held.append((keys, values, bitmap, starts))
             self.sizes[g], self.shifts[g] = keys.shape[0], gen_shift
             self.keys[g] = &keys[0] if keys.shape[0] else NULL
             self.values[g] = &values[0] if values.shape[0] else NULL
@@ -627,14 +624,10 @@ cdef class FrozenGenerations:
         free(self.starts_shifts)
 
     cdef inline Py_ssize_t first_at_least(self, Py_ssize_t g, uint64_t fp) noexcept:
-        """The index of generation ``g``'s first key >= ``fp`` (its size when none): in
-        ``fp``'s bucket of the directory when there is one, else over all its keys."""
+        """The index of generation ``g``'s first key >= ``fp`` (its size when none),
+        searched in ``fp``'s bucket of the directory."""
         cdef const uint32_t* starts = self.starts[g]
-        cdef Py_ssize_t b, lo
-        if starts == NULL:
-            return lower_bound(self.keys[g], self.sizes[g], fp)
-        b = <Py_ssize_t>(fp >> self.starts_shifts[g])
-        lo = starts[b]
+        cdef Py_ssize_t b = <Py_ssize_t>(fp >> self.starts_shifts[g]), lo = starts[b]
         return lo + lower_bound(self.keys[g] + lo, starts[b + 1] - lo, fp)
 
     cdef bint holds(self, uint64_t fp) noexcept:
@@ -2359,9 +2352,8 @@ cdef class EntityIndexFields:
     characters of every key the automata hold or that is pending (``add_finals``;
     ``clear_finals`` when the automata are rebuilt whole). A delta in which no such tail
     ends meets no key, and most deltas are such: they skip the automata and the pending
-    keys' search. With one bit a key, 1,700
-    keys passed 1% of the engine bench's deltas, which then paid for every automaton
-    (its p99)."""
+    keys' search. With one bit a key, 1,700 keys passed 1% of the engine bench's deltas,
+    which then paid for every automaton (its p99)."""
 
     cdef public long generation
     cdef public list pending

@@ -357,8 +357,7 @@ class EntityIndex(EntityIndexFields):
             entries = moved
             while self._levels and len(self._levels[-1][0]) <= len(entries):
                 entries = self._levels.pop()[0] + entries
-            self._levels.append((entries, _automaton(entries)))
-            self.add_finals(text for _, text in moved)
+            self._levels.append((entries, _automaton(entries)))  # their ends: marked by add
         self.generation += 1
 
     def automata(self) -> list[ahocorasick.Automaton]:
@@ -383,8 +382,8 @@ class EntityScanner(EntityFeed):
     entity cut across deltas (or by a swap of the automata) is still found; the automata
     run only when some key's last characters end in it (``EntityIndexFields``'
     prefilter), which most deltas fail. Keys still pending (added since the last
-    rebuild, their ends in the prefilter already) are searched in that window directly. A match must stand on word
-    boundaries (so ``12345678`` does not match inside ``9123456789``); a match that
+    rebuild, their ends in the prefilter already) are searched in that window directly.
+    A match must stand on word boundaries (so ``12345678`` does not match inside ``9123456789``); a match that
     ends exactly at the end of the text so far is confirmed by the next delta or by
     ``finish``. ``feed`` is compiled (``_core.EntityFeed``; ``reference.entity_feed`` is
     the Python it replaced).
