@@ -1168,7 +1168,7 @@ def test_pair_filter_and_sketch_give_the_same_answers_by_numpy_and_by_python():
         tenant = rng.choice([1, 2**63 + 5, 77])
         one_by_one = [fp for fp in dict.fromkeys(fps) if scalar.add_new(tenant, fp, step)]
         assert vector.first_seen(tenant, fps, step) == one_by_one
-        assert scalar.generations == vector.generations
+        assert [bytes(g) for g in scalar.generations] == [bytes(g) for g in vector.generations]
     sketch = CommonnessSketch(width_bits=12)
     fps = [rng.getrandbits(64) for _ in range(200)]
     sketch.increment(fps[:100], 0)  # numpy path
@@ -1476,7 +1476,7 @@ def test_vocabulary_counts_tenants_exactly_in_every_representation(steps, common
             if len(users[unit]) >= needed:
                 plain.add(unit)
                 del users[unit]
-        assert vocabulary.plain == plain
+        assert set(vocabulary.plain) == plain
         assert len(vocabulary) == len(users)
 
 

@@ -816,13 +816,13 @@ cdef class WordUsers:
         bits[0] += <uint64_t>1 << 32
         return <uint32_t>(bits[0] >> 32)
 
-    def learn(self, units, uint32_t number, double needed, set plain, HotTable plain_units,
-              dict named, Py_ssize_t max_entries):
+    def learn(self, units, uint32_t number, double needed, HotTable plain, dict named,
+              Py_ssize_t max_entries):
         """Tenant ``number``'s use of ``units`` (a ``Column`` or a list of ints; below
         ``bitset_tenants``): a word it is the ``needed``-th tenant of goes to ``plain``
-        and to ``plain_units`` (the same words in C, which this loop asks instead of the
-        set: no int object a word) and is forgotten here. Plain words are skipped; words
-        in ``named`` (users kept by name) are returned, in order, for the caller to count.
+        (the vocabulary's table of plain words) and is forgotten here. Plain words are
+        skipped; words in ``named`` (users kept by name) are returned, in order, for the
+        caller to count.
         Before a new word makes the words here and in ``named`` reach ``max_entries``,
         both are cleared (rare words of the past)."""
         if number >= self.bitset_tenants:
@@ -837,7 +837,7 @@ cdef class WordUsers:
             if at + AHEAD < n:
                 prefetch(&self.table[mix64(data[at + AHEAD]) & <uint64_t>(self.capacity - 1)])
             unit = data[at]
-            if plain_units.has(unit):
+            if plain.has(unit):
                 continue
             if named and unit in named:
                 by_name.append(unit)
@@ -852,8 +852,7 @@ cdef class WordUsers:
                 continue
             users = self._add_user(&self.table[i], number)
             if users > 1 and users >= needed:
-                plain.add(unit)
-                plain_units.put(unit, 1, False)
+                plain.put(unit, 1, False)
                 self._remove(i)
         return by_name
 
@@ -1408,7 +1407,7 @@ cdef class ChoiceColumns:
     cdef public dict runs
     cdef public bint complete
     cdef public frozenset own_units
-    cdef public set plain
+    cdef public HotTable plain  # the vocabulary's plain words
     cdef public frozenset public_numbers
     cdef public object exchange_555
 
@@ -1456,7 +1455,7 @@ cdef class ChoiceColumns:
         unit = self.hashes.data[i]
         if unit in self.own_units:
             return False
-        return True if self.numbers.data[i] else unit not in self.plain
+        return True if self.numbers.data[i] else not self.plain.has(self.hashes.data[i])
 
     cdef bint _specific(self, Py_ssize_t i, const uint64_t* units, Py_ssize_t n) except -1:
         cdef uint64_t value = self.hashes.data[i]

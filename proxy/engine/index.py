@@ -13,6 +13,7 @@ boilerplate) becomes common and stops counting as anyone's private text.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -338,7 +339,7 @@ class PairFilter:
     def __init__(self, *, bits: int = 25, period: float = 3600.0) -> None:
         self._bits = bits
         self.period = period
-        self.generations = [bytearray(1 << (bits - 3)), bytearray(1 << (bits - 3))]
+        self.generations = [_zeroed(1 << (bits - 3)), _zeroed(1 << (bits - 3))]
         self._started: float | None = None
 
     @property
@@ -368,12 +369,24 @@ class PairFilter:
         if self._started is None:
             self._started = now
         elif now - self._started >= self.period:
-            self.generations = [bytearray(len(self.generations[0])), self.generations[0]]
+            self.generations = [_zeroed(len(self.generations[0])), self.generations[0]]
             self._started = now
 
     def load(self, generations: list[bytes]) -> None:
+        """OR a saved filter's generations into this one's. Only the bytes that have a
+        bit are written: a generation the saved filter never used (a state saved within
+        its first period has an empty previous one) stays unwritten, out of the RSS."""
         if [len(g) for g in generations] != [len(g) for g in self.generations]:
             raise ValueError("pair filter of another size")
         for mine, theirs in zip(self.generations, generations, strict=True):
-            merged = np.bitwise_or(np.frombuffer(mine, np.uint8), np.frombuffer(theirs, np.uint8))
-            mine[:] = merged.tobytes()
+            saved = np.frombuffer(theirs, np.uint8)
+            at = np.flatnonzero(saved)
+            np.frombuffer(mine, np.uint8)[at] |= saved[at]
+
+
+def _zeroed(size: int) -> mmap.mmap:
+    """``size`` zero bytes whose pages take memory only once written: an anonymous
+    private mapping (reads of an unwritten page share the zero page; a shared mapping
+    would take one). A ``bytearray`` is written whole when made; the previous generation of
+    a pair filter may stay unwritten for its first hour (4 MB of RSS by default)."""
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
