@@ -31,8 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import jwt
-
 DEFAULT_SOURCES = ("header", "api_key", "user")
 SOURCES = (*DEFAULT_SOURCES, "jwt")
 CLAIMS = frozenset({"header", "user"})  # what a client says of itself
@@ -46,9 +44,6 @@ JWT_PUBLIC_KEY = frozenset(
 JWT_HMAC_MIN_BYTES = {"HS256": 32, "HS384": 48, "HS512": 64}
 JWT_LEEWAY_SECONDS = 30  # clock skew tolerated between the token's issuer and this host
 MAX_CLAIM_LOGGED = 128
-# What PyJWT may raise on a token it rejects, or on a key it refuses (not only its
-# InvalidTokenError): each means "did not verify", never a crash of the request hook.
-JWT_REJECTIONS = (jwt.PyJWTError, TypeError, ValueError)
 DEFAULT_TRUSTED_PEERS = ("127.0.0.0/8", "::1/128")
 HASHED_KEY_PREFIX = "sha256:"
 
@@ -126,7 +121,7 @@ class TenantRules:
         if token.count(".") != 2:
             return None, None
         try:
-            claims = jwt.decode(
+            claims = _pyjwt().decode(
                 token,
                 self.jwt_key,
                 algorithms=list(self.jwt_algorithms),
@@ -135,7 +130,7 @@ class TenantRules:
                 leeway=JWT_LEEWAY_SECONDS,
                 options={"require": ["exp"], "verify_exp": verify_expiry},
             )
-        except JWT_REJECTIONS:
+        except _jwt_rejections():
             return None, _unverified_claim(token, self.jwt_claim)
         value = claims.get(self.jwt_claim)
         return (value.strip() or None, None) if isinstance(value, str) else (None, None)
@@ -182,18 +177,33 @@ def load_jwt_key(data: bytes, algorithms: tuple[str, ...]) -> Any:
         raise ValueError(f"not a PEM public key or certificate: {e}") from None
     for name in algorithms:
         try:
-            jwt.get_algorithm_by_name(name).prepare_key(key)
-        except JWT_REJECTIONS as e:
+            _pyjwt().get_algorithm_by_name(name).prepare_key(key)
+        except _jwt_rejections() as e:
             raise ValueError(f"the key ({type(key).__name__}) cannot verify {name}: {e}") from None
     return key
 
 
 def _unverified_claim(token: str, claim: str) -> str:
     try:
-        value = jwt.decode(token, options={"verify_signature": False}).get(claim)
-    except JWT_REJECTIONS:
+        value = _pyjwt().decode(token, options={"verify_signature": False}).get(claim)
+    except _jwt_rejections():
         return ""
     return value[:MAX_CLAIM_LOGGED] if isinstance(value, str) else ""
+
+
+def _pyjwt() -> Any:
+    """PyJWT, imported when the first token or key needs it: it imports urllib and the
+    email package, ~1.7 MB of RSS that a proxy without JWT tenants, and a replay, never
+    use."""
+    import jwt
+
+    return jwt
+
+
+def _jwt_rejections() -> tuple[type[Exception], ...]:
+    """What PyJWT may raise on a token it rejects, or on a key it refuses (not only its
+    InvalidTokenError): each means "did not verify", never a crash of the request hook."""
+    return (_pyjwt().PyJWTError, TypeError, ValueError)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import orjson
-from mitmproxy import http
 
 from proxy.forensics.replayer import ExchangeRecord, RecordedResponse
 
@@ -41,6 +40,35 @@ class Skipped:
 
 
 OnSkip = Callable[[Skipped], None]
+
+
+class RecordedHeaders:
+    """Headers a log or capture recorded, as the replay reads them (``HeaderView``): a
+    case-insensitive ``get`` that joins a repeated field's values with ", ", as
+    mitmproxy's ``Headers`` does. Its own small class: importing mitmproxy's HTTP
+    model for this took ~17 MB of a replay's RSS; only flow files need it."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **fields: str) -> None:
+        """``fields``: names with ``_`` for ``-`` (``content_type="text/plain"``)."""
+        self._values: dict[str, list[str]] = {}
+        for name, value in fields.items():
+            self.add(name.replace("_", "-"), value)
+
+    def add(self, name: str, value: str) -> None:
+        """One more value of ``name``, after those it has."""
+        self._values.setdefault(name.lower(), []).append(value)
+
+    def __setitem__(self, name: str, value: str) -> None:
+        self._values[name.lower()] = [value]
+
+    def get(self, name: str, default: str | None = None, /) -> str | None:
+        values = self._values.get(name.lower())
+        return ", ".join(values) if values else default
+
+    def __repr__(self) -> str:
+        return f"RecordedHeaders({self._values!r})"
 
 
 @dataclass(frozen=True)
@@ -220,7 +248,7 @@ class LoggedExchange:
     missing_note: str | None = None  # why a text is not in the log (its settings)
 
     def record(self, position: str, origin: str, fallback_id: str) -> ExchangeRecord:
-        headers = http.Headers()
+        headers = RecordedHeaders()
         for key, value in self.headers.items():
             headers.add(key, value)
         if self.request_id:
@@ -230,7 +258,7 @@ class LoggedExchange:
             body = orjson.dumps(self.response) if self.response is not None else b""
             response = RecordedResponse(
                 200,
-                http.Headers(content_type="application/json"),
+                RecordedHeaders(content_type="application/json"),
                 body,
                 self.end,
                 self.end,

@@ -26,12 +26,9 @@ import gzip
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import orjson
-from mitmproxy import exceptions, http
-from mitmproxy.io import FlowReader
-from mitmproxy.io.har import request_to_flow
 
 from proxy.forensics.engine_logs import SNIFF_SGLANG, SNIFF_VLLM, read_sglang, read_vllm
 from proxy.forensics.gateway_logs import is_litellm_payload, read_litellm
@@ -40,6 +37,7 @@ from proxy.forensics.inputs import (
     InputError,
     InputFile,
     OnSkip,
+    RecordedHeaders,
     Skipped,
     TenantFrom,
     body_bytes,
@@ -50,7 +48,9 @@ from proxy.forensics.inputs import (
 )
 from proxy.forensics.otel import is_otlp_traces, read_otel
 from proxy.forensics.replayer import ExchangeRecord, RecordedResponse
-from proxy.mitm.capture import CHUNKS_KEY, ENDED_KEY, OBSERVED_KEY, chunk_timing
+
+if TYPE_CHECKING:
+    from mitmproxy import http
 
 __all__ = ["FORMATS", "InputError", "InputFile", "Skipped", "TenantFrom", "open_input"]
 
@@ -160,10 +160,14 @@ def read_records(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]
 
 
 # -- mitmproxy flow files ---------------------------------------------------------------
+# mitmproxy's HTTP model and readers are imported by the functions that read flows and
+# HAR: a replay of logs never needs them (~20 MB of RSS).
 
 
 def flow_record(flow: http.HTTPFlow, position: str) -> ExchangeRecord:
     """A recorded exchange from a mitmproxy flow (as saved or imported)."""
+    from proxy.mitm.capture import CHUNKS_KEY, ENDED_KEY, OBSERVED_KEY, chunk_timing
+
     req = flow.request
     observed = flow.metadata.get(OBSERVED_KEY)  # crosstalk captures: the exact moment
     when = observed if isinstance(observed, float) else req.timestamp_end or req.timestamp_start
@@ -205,6 +209,9 @@ def flow_record(flow: http.HTTPFlow, position: str) -> ExchangeRecord:
 
 
 def read_flows(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
+    from mitmproxy import exceptions, http
+    from mitmproxy.io import FlowReader
+
     fo = source.stream
     number, offset = 0, fo.tell()  # offset: where the next record starts
     while True:
@@ -257,6 +264,8 @@ def _next_flow(fo: IO[bytes], start: int) -> int | None:
 
 def _flow_at(fo: IO[bytes], offset: int, digits: bytes) -> bool:
     """Does a whole flow (a tnetstring dict that mitmproxy loads) start at ``offset``?"""
+    from mitmproxy.io import FlowReader
+
     fo.seek(offset + len(digits) + 1 + int(digits))
     if fo.read(1) != b"}":
         return False
@@ -336,6 +345,8 @@ def _ms(timings: dict, *keys: str) -> float:
 def har_record(entry: dict, position: str, fallback_id: str) -> ExchangeRecord:
     """A recorded exchange from one HAR entry, through mitmproxy's HAR importer; the
     times come from the entry's timings (send, wait, receive)."""
+    from mitmproxy.io.har import request_to_flow
+
     for part in ("request", "response"):
         if isinstance(entry.get(part), dict):
             entry[part].setdefault("httpVersion", "HTTP/1.1")
@@ -403,7 +414,7 @@ def jsonl_record(
     raw_headers = obj.get("headers") or {}
     if not isinstance(raw_headers, dict):
         raise ValueError("headers must be an object")
-    headers = http.Headers()
+    headers = RecordedHeaders()
     for key, value in raw_headers.items():
         headers.add(str(key), str(value))
     if isinstance(obj.get("request_id"), str) and obj["request_id"].strip():
@@ -418,10 +429,10 @@ def jsonl_record(
     if obj.get("sse") is not None:
         if not isinstance(obj["sse"], str):
             raise ValueError("sse must be a string (the raw event stream)")
-        response_headers = http.Headers(content_type="text/event-stream")
+        response_headers = RecordedHeaders(content_type="text/event-stream")
         response = RecordedResponse(status, response_headers, obj["sse"].encode(), first, end)
     elif "response" in obj:
-        response_headers = http.Headers(content_type="application/json")
+        response_headers = RecordedHeaders(content_type="application/json")
         response = RecordedResponse(
             status, response_headers, body_bytes(obj["response"], "response"), end, end
         )
