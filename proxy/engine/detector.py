@@ -374,8 +374,7 @@ class Engine(_core.EngineClock):
         signature = np.unique(np.array(private, dtype=np.uint64))
         # The user's words: what earlier assistant turns of the prompt wrote is a model's.
         users = (Counter(hashes) - Counter(model_hashes)) if model_hashes else hashes
-        plain = self.vocabulary.plain
-        rare = {u for u in set(users).difference(self.trivial_numbers) if u not in plain}
+        rare = set(self.vocabulary.plain.absent(users)).difference(self.trivial_numbers)
         slot = self._new_slot(
             tenant,
             record.request_id,
