@@ -27,6 +27,7 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
     void* PyUnicode_DATA(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
+    enum: PyUnicode_1BYTE_KIND
 
 cdef extern from "stdlib.h" nogil:
     void qsort(void* base, size_t count, size_t size,
@@ -2308,13 +2309,20 @@ cdef enum:
 
 
 cdef inline uint64_t final_gram(int kind, const void* data, Py_ssize_t end) noexcept:
-    """The hash of the ``FINAL_GRAM`` characters that end at ``end``: its low and its
-    next ``FINAL_BITS`` bits are the two bits of the prefilter's bitmap."""
+    """The polynomial hash of the ``FINAL_GRAM`` characters that end at ``end``
+    (``final_bits`` makes the bitmap's two bits of it)."""
     cdef uint64_t h = 0
     cdef Py_ssize_t i
     for i in range(end - FINAL_GRAM + 1, end + 1):
         h = h * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, i)
-    return mix64(h)
+    return h
+
+
+cdef inline uint64_t final_bits(uint64_t gram) noexcept:
+    """A gram's two bits in the prefilter's bitmap: the top ``FINAL_BITS`` bits of one
+    multiplication, and the next ``FINAL_BITS`` (multiplicative hashing: one multiply a
+    character, where ``mix64`` took five operations)."""
+    return gram * PRIME
 
 
 cdef inline uint64_t char_at(const Py_UCS4* history, Py_ssize_t h, int kind, const void* data,
@@ -2325,18 +2333,20 @@ cdef inline uint64_t char_at(const Py_UCS4* history, Py_ssize_t h, int kind, con
     return <uint64_t>PyUnicode_READ(kind, <void*>data, i - h)
 
 
-cdef inline bint final_marked(const unsigned char* finals, uint64_t h) noexcept:
+cdef inline bint final_marked(const unsigned char* finals, uint64_t gram) noexcept:
     # The second bit is read only when the first is set: most grams of a delta end no
     # key, and each read of the 512 KiB bitmap is a likely cache miss.
-    cdef uint64_t mask = (<uint64_t>1 << FINAL_BITS) - 1, a = h & mask, b
+    cdef uint64_t h = final_bits(gram), mask = (<uint64_t>1 << FINAL_BITS) - 1
+    cdef uint64_t a = h >> (64 - FINAL_BITS), b
     if not (finals[a >> 3] >> (a & 7)) & 1:
         return False
-    b = (h >> FINAL_BITS) & mask
+    b = (h >> (64 - 2 * FINAL_BITS)) & mask
     return (finals[b >> 3] >> (b & 7)) & 1
 
 
-cdef inline void final_mark(unsigned char* finals, uint64_t h) noexcept:
-    cdef uint64_t mask = (<uint64_t>1 << FINAL_BITS) - 1, a = h & mask, b = (h >> FINAL_BITS) & mask
+cdef inline void final_mark(unsigned char* finals, uint64_t gram) noexcept:
+    cdef uint64_t h = final_bits(gram), mask = (<uint64_t>1 << FINAL_BITS) - 1
+    cdef uint64_t a = h >> (64 - FINAL_BITS), b = (h >> (64 - 2 * FINAL_BITS)) & mask
     finals[a >> 3] |= <unsigned char>(1 << (a & 7))
     finals[b >> 3] |= <unsigned char>(1 << (b & 7))
 
@@ -2404,6 +2414,7 @@ cdef class EntityIndexFields:
             return True
         cdef int kind = PyUnicode_KIND(delta)
         cdef const void* data = PyUnicode_DATA(delta)
+        cdef const unsigned char* ascii = <const unsigned char*>data
         cdef Py_ssize_t total = h + PyUnicode_GET_LENGTH(delta), end, i
         cdef uint64_t gram = 0, top = 1
         if total < FINAL_GRAM:
@@ -2412,12 +2423,29 @@ cdef class EntityIndexFields:
             top *= GRAM_BASE  # the oldest character's multiplier
         for i in range(FINAL_GRAM - 1):
             gram = gram * GRAM_BASE + char_at(history, h, kind, data, i)
-        for end in range(FINAL_GRAM - 1, total):
+        end = FINAL_GRAM - 1
+        # Grams whose oldest character is in the history, then the rest, which read only
+        # the delta: one-byte deltas (most) without the kind's switch.
+        while end < total and end - FINAL_GRAM + 1 < h:
             gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
-            if final_marked(self.finals, mix64(gram)):
+            if final_marked(self.finals, gram):
                 return True
-            # the oldest character of this gram leaves it
-            gram -= top * char_at(history, h, kind, data, end - FINAL_GRAM + 1)
+            gram -= top * <uint64_t>history[end - FINAL_GRAM + 1]  # the oldest character leaves
+            end += 1
+        if kind == PyUnicode_1BYTE_KIND:
+            while end < total:
+                gram = gram * GRAM_BASE + ascii[end - h]
+                if final_marked(self.finals, gram):
+                    return True
+                gram -= top * ascii[end - FINAL_GRAM + 1 - h]
+                end += 1
+            return False
+        while end < total:
+            gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
+            if final_marked(self.finals, gram):
+                return True
+            gram -= top * <uint64_t>PyUnicode_READ(kind, <void*>data, end - FINAL_GRAM + 1 - h)
+            end += 1
         return False
 
     def __init__(self, Py_ssize_t longest, double rebuild_interval):
