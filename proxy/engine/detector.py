@@ -667,7 +667,7 @@ class ResponseScan(_core.ScanFields):
         engine = self.engine
         engine.vocabulary.learn(self.tenant, state.hashes)
         found = self._entity_findings(choice, [(s, e, i) for _, i, s, e in state.extracted])
-        output_value = (self.slot << 1) | 1
+        output_value = self.output_value
         for kind, entity_id, _, _ in state.extracted:
             if entity_id in self._foreign_entities and entity_id not in self._echoed_entities:
                 owner = engine.entities.table.get(entity_id)
@@ -899,7 +899,7 @@ class ResponseScan(_core.ScanFields):
             self._to_count.extend([fp for fp in unowned if fp not in holders])
         else:
             self._to_count.extend(unowned)
-        self.engine.index.add_many(to_index, (self.slot << 1) | 1, self._now)
+        self.engine.index.add_many(to_index, self.output_value, self._now)
 
     def _specific_units(self, value: int) -> np.ndarray | None:
         """For a foreign output (index value with the output bit), the units that make
