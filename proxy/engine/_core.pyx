@@ -1623,7 +1623,7 @@ cdef class DeltaScanner:
     cdef Py_ssize_t width
     cdef long common_tenants  # a sketch count at least this is common text
     cdef IndexFields index
-    cdef set baseline
+    cdef HotTable baseline  # the engine's baseline k-grams, copied: asked without an int
     cdef const uint64_t[::1] corpus
     # What the slow path (scan_kgrams) reads of the engine: its window of requests, the
     # prompt units of a request no longer there, and its configuration.
@@ -1658,7 +1658,7 @@ cdef class DeltaScanner:
         self.mask, self.width = sketch._mask_int, sketch._width
         self.common_tenants = config.common_tenants
         self.index = index
-        self.baseline = baseline
+        self.baseline = HotTable([(fp, 1) for fp in baseline])
         self.corpus = corpus
         self.unit_batch, self.specific_number = unit_batch, specific_number
         self.word_weight = word_weight
@@ -1909,7 +1909,7 @@ cdef class DeltaScanner:
                 continue  # common text: neither private nor to be counted again
             if tenant_owned is None or fp not in tenant_owned:
                 to_count.push(fp)  # this tenant's own text is counted already
-            if self.baseline and fp in self.baseline:
+            if self.baseline.count and self.baseline.has(fp):
                 continue
             if corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
                 continue
@@ -1941,7 +1941,7 @@ cdef class DeltaScanner:
             common = not sketch_below(&self.flat[0], self.seeds, self.depth, self.mask,
                                       self.width, fp, self.common_tenants)
             keep = not common and len(values) < 64
-            if keep and self.baseline and item in self.baseline:
+            if keep and self.baseline.count and self.baseline.has(fp):
                 keep = False
             if keep and corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
                 keep = False

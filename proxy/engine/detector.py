@@ -199,6 +199,7 @@ class Engine(_core.EngineClock):
         boilerplate): never counted as anyone's private text."""
         hashes = self.unit_hashes(text)
         self.baseline.update(self.hasher.kgrams_of_hashes(hashes))
+        self._delta_scanner = None  # it holds a copy of the baseline
         self.vocabulary.add_plain(hashes)
         self._baseline_entities.update(self.entity_id(key) for _, key in iter_entity_keys(text))
 
