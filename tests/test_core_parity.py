@@ -760,6 +760,21 @@ def test_the_compiled_entity_feed_is_the_reference_one(text, cuts, swap_at, seed
     assert compiled.finish() == python.finish()
 
 
+def test_entity_matches_come_in_text_order_whether_built_or_pending():
+    """Whether a key is in an automaton or still pending depends on when the automata
+    were last rebuilt (a clock); the order of a delta's matches must not, since a
+    source's first match is its finding's evidence (a replay of a capture must report
+    the same). Here the automaton's key ends later in the delta than the pending one."""
+    index = EntityIndex(rebuild_interval=3600.0)
+    index.add("late", "email", "t", 2, 1.0, text="bo.berg@kestrel.no")
+    index.maybe_rebuild(now=3601.0)
+    index.add("early", "email", "t", 4, 2.0, text="ana.lopez@kestrel.no")
+    assert [entity_id for entity_id, _ in index.pending] == ["early"]
+    scanner = EntityScanner(index)
+    delta = "write to ana.lopez@kestrel.no or bo.berg@kestrel.no today"
+    assert [entity_id for _, _, entity_id in scanner.feed(delta)] == ["early", "late"]
+
+
 def test_the_entity_prefilter_passes_key_ends_and_little_else():
     """The automata and the pending keys' search run for a delta only when a key may
     end in it: a key's last characters pass (also when the key began in the tail, and

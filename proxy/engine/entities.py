@@ -429,6 +429,11 @@ class EntityScanner(EntityFeed):
             self._seen.add((end, entity_id))
             out.append((start, end, entity_id))
         self._undecided = undecided
+        # In text order, whichever way each was found: the automata and the search of
+        # the pending keys list them in an order that depends on when the automata were
+        # last rebuilt (a clock), and the first match of a source is its finding's
+        # evidence. A replay of the same capture must report the same evidence.
+        out.sort()
         return out
 
 
