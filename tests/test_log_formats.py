@@ -13,6 +13,8 @@ import gzip
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -319,3 +321,36 @@ def test_an_input_with_no_exchange_is_not_clean(tmp_path, capsys):
     assert status == 3
     assert report["summary"]["per_input"][0]["exchanges"] == 0
     assert "no LLM exchange" in capsys.readouterr().err
+
+
+def test_recorded_headers_read_as_mitmproxy_headers_do():
+    """Records read from logs carry ``RecordedHeaders``; the replay reads them as it
+    reads a flow's mitmproxy ``Headers``: case-insensitive, repeated values joined."""
+    from mitmproxy import http
+
+    from proxy.forensics.inputs import RecordedHeaders
+
+    ours, theirs = (
+        RecordedHeaders(content_type="text/plain"),
+        http.Headers(content_type="text/plain"),
+    )
+    for headers in (ours, theirs):
+        headers.add("X-Tenant-ID", "a")
+        headers.add("x-tenant-id", "b")
+        headers["X-Request-ID"] = "r1"
+        headers["x-request-id"] = "r2"
+    for name in ("content-type", "Content-Type", "x-tenant-id", "X-REQUEST-ID", "absent"):
+        assert ours.get(name) == theirs.get(name), name
+    assert ours.get("x-tenant-id") == "a, b"
+    assert ours.get("absent", "none") == theirs.get("absent", "none") == "none"
+
+
+def test_a_replay_of_logs_imports_neither_mitmproxy_http_nor_pyjwt():
+    """~22 MB of a replay's RSS: only flow and HAR files need mitmproxy's HTTP model,
+    only JWT tenants PyJWT."""
+    code = (
+        "import sys, proxy.cli, proxy.commands.replay, proxy.forensics.readers\n"
+        "print(sorted(m for m in ('mitmproxy.http', 'mitmproxy.io', 'jwt') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

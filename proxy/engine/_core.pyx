@@ -27,7 +27,6 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object)
     void* PyUnicode_DATA(object)
     Py_ssize_t PyUnicode_GET_LENGTH(object)
-    enum: PyUnicode_1BYTE_KIND
 
 cdef extern from "stdlib.h" nogil:
     void qsort(void* base, size_t count, size_t size,
@@ -823,9 +822,8 @@ cdef class WordUsers:
         ``bitset_tenants``): a word it is the ``needed``-th tenant of goes to ``plain``
         (the vocabulary's table of plain words) and is forgotten here. Plain words are
         skipped; words in ``named`` (users kept by name) are returned, in order, for the
-        caller to count.
-        Before a new word makes the words here and in ``named`` reach ``max_entries``,
-        both are cleared (rare words of the past)."""
+        caller to count. Before a new word makes the words here and in ``named`` reach
+        ``max_entries``, both are cleared (rare words of the past)."""
         if number >= self.bitset_tenants:
             raise ValueError("WordUsers.learn: the tenant's number is past the bitset's")
         cdef Column column = as_column(units)
@@ -1457,10 +1455,10 @@ cdef class ChoiceColumns:
         self._cover(source, index, k, fp, specific_to)
 
     cdef bint _distinct(self, Py_ssize_t i) except -1:
-        unit = self.hashes.data[i]
+        cdef uint64_t unit = self.hashes.data[i]
         if unit in self.own_units:
             return False
-        return True if self.numbers.data[i] else not self.plain.has(self.hashes.data[i])
+        return True if self.numbers.data[i] else not self.plain.has(unit)
 
     cdef bint _specific(self, Py_ssize_t i, const uint64_t* units, Py_ssize_t n) except -1:
         cdef uint64_t value = self.hashes.data[i]
@@ -1623,7 +1621,7 @@ cdef class DeltaScanner:
     cdef Py_ssize_t width
     cdef long common_tenants  # a sketch count at least this is common text
     cdef IndexFields index
-    cdef HotTable baseline  # the engine's baseline k-grams, copied: asked without an int
+    cdef HotTable baseline  # the engine's baseline k-grams (``Engine.baseline``)
     cdef const uint64_t[::1] corpus
     # What the slow path (scan_kgrams) reads of the engine: its window of requests, the
     # prompt units of a request no longer there, and its configuration.
@@ -1642,7 +1640,7 @@ cdef class DeltaScanner:
     def __dealloc__(self):
         free(self.grams)
 
-    def __init__(self, hasher, sketch, index, set baseline, corpus,
+    def __init__(self, hasher, sketch, index, HotTable baseline, corpus,
                  unit_batch, specific_number, int word_weight, *, dict requests, config,
                  no_units, int short_word_bits=16):
         self.cache = hasher._cache
@@ -1658,7 +1656,7 @@ cdef class DeltaScanner:
         self.mask, self.width = sketch._mask_int, sketch._width
         self.common_tenants = config.common_tenants
         self.index = index
-        self.baseline = HotTable([(fp, 1) for fp in baseline])
+        self.baseline = baseline
         self.corpus = corpus
         self.unit_batch, self.specific_number = unit_batch, specific_number
         self.word_weight = word_weight
@@ -1909,7 +1907,7 @@ cdef class DeltaScanner:
                 continue  # common text: neither private nor to be counted again
             if tenant_owned is None or fp not in tenant_owned:
                 to_count.push(fp)  # this tenant's own text is counted already
-            if self.baseline.count and self.baseline.has(fp):
+            if self.baseline.has(fp):
                 continue
             if corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
                 continue
@@ -1941,7 +1939,7 @@ cdef class DeltaScanner:
             common = not sketch_below(&self.flat[0], self.seeds, self.depth, self.mask,
                                       self.width, fp, self.common_tenants)
             keep = not common and len(values) < 64
-            if keep and self.baseline.count and self.baseline.has(fp):
+            if keep and self.baseline.has(fp):
                 keep = False
             if keep and corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
                 keep = False
@@ -2322,11 +2320,13 @@ cdef inline uint64_t final_gram(int kind, const void* data, Py_ssize_t end) noex
     return h
 
 
-cdef inline uint64_t final_bits(uint64_t gram) noexcept:
+cdef inline void final_bits(uint64_t gram, uint64_t* a, uint64_t* b) noexcept:
     """A gram's two bits in the prefilter's bitmap: the top ``FINAL_BITS`` bits of one
     multiplication, and the next ``FINAL_BITS`` (multiplicative hashing: one multiply a
     character, where ``mix64`` took five operations)."""
-    return gram * PRIME
+    cdef uint64_t h = gram * PRIME
+    a[0] = h >> (64 - FINAL_BITS)
+    b[0] = (h >> (64 - 2 * FINAL_BITS)) & ((<uint64_t>1 << FINAL_BITS) - 1)
 
 
 cdef inline uint64_t char_at(const Py_UCS4* history, Py_ssize_t h, int kind, const void* data,
@@ -2340,17 +2340,16 @@ cdef inline uint64_t char_at(const Py_UCS4* history, Py_ssize_t h, int kind, con
 cdef inline bint final_marked(const unsigned char* finals, uint64_t gram) noexcept:
     # The second bit is read only when the first is set: most grams of a delta end no
     # key, and each read of the 512 KiB bitmap is a likely cache miss.
-    cdef uint64_t h = final_bits(gram), mask = (<uint64_t>1 << FINAL_BITS) - 1
-    cdef uint64_t a = h >> (64 - FINAL_BITS), b
+    cdef uint64_t a, b
+    final_bits(gram, &a, &b)
     if not (finals[a >> 3] >> (a & 7)) & 1:
         return False
-    b = (h >> (64 - 2 * FINAL_BITS)) & mask
     return (finals[b >> 3] >> (b & 7)) & 1
 
 
 cdef inline void final_mark(unsigned char* finals, uint64_t gram) noexcept:
-    cdef uint64_t h = final_bits(gram), mask = (<uint64_t>1 << FINAL_BITS) - 1
-    cdef uint64_t a = h >> (64 - FINAL_BITS), b = (h >> (64 - 2 * FINAL_BITS)) & mask
+    cdef uint64_t a, b
+    final_bits(gram, &a, &b)
     finals[a >> 3] |= <unsigned char>(1 << (a & 7))
     finals[b >> 3] |= <unsigned char>(1 << (b & 7))
 
@@ -2418,7 +2417,6 @@ cdef class EntityIndexFields:
             return True
         cdef int kind = PyUnicode_KIND(delta)
         cdef const void* data = PyUnicode_DATA(delta)
-        cdef const unsigned char* ascii = <const unsigned char*>data
         cdef Py_ssize_t total = h + PyUnicode_GET_LENGTH(delta), end, i
         cdef uint64_t gram = 0, top = 1
         if total < FINAL_GRAM:
@@ -2427,29 +2425,12 @@ cdef class EntityIndexFields:
             top *= GRAM_BASE  # the oldest character's multiplier
         for i in range(FINAL_GRAM - 1):
             gram = gram * GRAM_BASE + char_at(history, h, kind, data, i)
-        end = FINAL_GRAM - 1
-        # Grams whose oldest character is in the history, then the rest, which read only
-        # the delta: one-byte deltas (most) without the kind's switch.
-        while end < total and end - FINAL_GRAM + 1 < h:
+        for end in range(FINAL_GRAM - 1, total):
             gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
             if final_marked(self.finals, gram):
                 return True
-            gram -= top * <uint64_t>history[end - FINAL_GRAM + 1]  # the oldest character leaves
-            end += 1
-        if kind == PyUnicode_1BYTE_KIND:
-            while end < total:
-                gram = gram * GRAM_BASE + ascii[end - h]
-                if final_marked(self.finals, gram):
-                    return True
-                gram -= top * ascii[end - FINAL_GRAM + 1 - h]
-                end += 1
-            return False
-        while end < total:
-            gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
-            if final_marked(self.finals, gram):
-                return True
-            gram -= top * <uint64_t>PyUnicode_READ(kind, <void*>data, end - FINAL_GRAM + 1 - h)
-            end += 1
+            # the oldest character of this gram leaves it
+            gram -= top * char_at(history, h, kind, data, end - FINAL_GRAM + 1)
         return False
 
     def __init__(self, Py_ssize_t longest, double rebuild_interval):

@@ -151,7 +151,9 @@ class Engine(_core.EngineClock):
         self.vocabulary = Vocabulary(
             config.common_tenants, config.plain_share, config.max_rare_words
         )
-        self.baseline: set[int] = set()
+        #: Baseline texts' k-grams (``add_baseline``), in C: the delta step asks it for
+        #: every private k-gram without an int object.
+        self.baseline = _core.HotTable()
         #: Baseline files' fingerprints (``add_baseline_file``), sorted: a large corpus
         #: costs 8 bytes a fingerprint here, not a Python set's ~60.
         self.baseline_sorted = np.zeros(0, dtype=np.uint64)
@@ -198,8 +200,7 @@ class Engine(_core.EngineClock):
         """Text that is shared by design (system prompts, templates, public documents,
         boilerplate): never counted as anyone's private text."""
         hashes = self.unit_hashes(text)
-        self.baseline.update(self.hasher.kgrams_of_hashes(hashes))
-        self._delta_scanner = None  # it holds a copy of the baseline
+        self.baseline.add_new(self.hasher.kgrams_of_hashes(hashes), 1)
         self.vocabulary.add_plain(hashes)
         self._baseline_entities.update(self.entity_id(key) for _, key in iter_entity_keys(text))
 
@@ -537,7 +538,7 @@ class PythonDeltaScanner:
         hasher: Hasher,
         sketch: CommonnessSketch,
         index: FingerprintIndex,
-        baseline: set[int],
+        baseline: _core.HotTable,
         corpus: np.ndarray,
         *_rest: object,
         config: EngineConfig,

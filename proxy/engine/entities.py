@@ -383,9 +383,9 @@ class EntityScanner(EntityFeed):
     run only when some key's last characters end in it (``EntityIndexFields``'
     prefilter), which most deltas fail. Keys still pending (added since the last
     rebuild, their ends in the prefilter already) are searched in that window directly.
-    A match must stand on word boundaries (so ``12345678`` does not match inside ``9123456789``); a match that
-    ends exactly at the end of the text so far is confirmed by the next delta or by
-    ``finish``. ``feed`` is compiled (``_core.EntityFeed``; ``reference.entity_feed`` is
+    A match must stand on word boundaries (so ``12345678`` does not match inside
+    ``9123456789``); a match that ends exactly at the end of the text so far is confirmed
+    by the next delta or by ``finish``. ``feed`` is compiled (``_core.EntityFeed``; ``reference.entity_feed`` is
     the Python it replaced).
     """
 
