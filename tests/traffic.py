@@ -15,6 +15,7 @@ victim's output overlaps the text that was leaked there.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -148,11 +149,30 @@ def judge(results, truth: list[dict], events: list[dict], answer_of) -> Judgemen
         on_leak = [e for e in leaks.get(rid, []) if overlaps(e, fault, answers[rid])]
         if on_leak:
             j.found.append(fault)
-            if on_leak[0]["source_tenant"] == fault["source_tenant"]:
+            if on_leak[0]["source_tenant"] in holders(fault, faults.values()):
                 j.right_source.append(fault)
         else:
             j.missed.append(fault)
     return j
+
+
+def holders(fault: dict, faults: Iterable[dict]) -> set[str]:
+    """The tenants whose exchanges held the fault's leaked words by the simulator's
+    truth: its source, and the two ends of a chain of leaks. A source answer that itself
+    held another tenant's leaked words carries them on (a mis-routed answer with a leak
+    in it); and a victim of an earlier fault from the same source request holds the
+    same words in its own output. A finding naming any of them names an owner of the
+    words; seen in a three-replica run, where each chain's first finding named such a
+    tenant."""
+    named = {fault["source_tenant"]}
+    if fault["source_request_id"] is None:
+        return named
+    for other in faults:
+        if other["request_id"] == fault["source_request_id"]:
+            named.add(other["source_tenant"])
+        elif other is not fault and other["source_request_id"] == fault["source_request_id"]:
+            named.add(other["victim_tenant"])
+    return named
 
 
 def overlaps(event: dict, fault: dict, answer: str) -> bool:
