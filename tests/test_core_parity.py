@@ -452,6 +452,11 @@ def test_the_hot_table_is_a_dict_of_its_keys(pairs, fresh, value):
     more = {k: (expected[k], 7) for k in list(expected)[::3]}  # keys with several values
     looked_up = table.values_into(queries, more, [()] * len(queries))
     assert looked_up == [more.get(k) or ((expected[k],) if k in expected else ()) for k in queries]
+    arrayed = _core.HotTable()  # a prompt's units, from a read-only array
+    assert arrayed.add_keys(
+        np.frombuffer(np.array(fresh, np.uint64).tobytes(), np.uint64), value
+    ) == len(set(fresh))
+    assert dict(arrayed) == dict.fromkeys(fresh, value)
     keys, values = np.empty(len(table), np.uint64), np.empty(len(table), np.uint32)
     table.columns(keys, values)
     assert dict(zip(keys.tolist(), values.tolist(), strict=True)) == expected

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core
+from proxy.engine.detector import sorted_unique
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
@@ -118,6 +119,15 @@ def leak_from_a(engine: Engine, *, prompt_a: str = PROMPT_A, now: float = T0) ->
 
 
 # -- fragment signal ---------------------------------------------------------------
+
+
+@given(st.lists(st.integers(0, 2**64 - 1) | st.sampled_from([0, 7, 2**64 - 1]), max_size=40))
+def test_sorted_unique_is_numpys_unique(values):
+    """The prompt signature's sort-and-mask stands in for ``numpy.unique``."""
+    expected = np.unique(np.array(values, dtype=np.uint64))
+    got = sorted_unique(values)
+    assert got.dtype == np.uint64
+    assert got.tolist() == expected.tolist()
 
 
 def test_fragment_of_a_prompt_in_b_output_is_reported():
