@@ -429,6 +429,27 @@ KEYS = st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 3000), st.sampled_fro
 
 @settings(max_examples=200, deadline=None)
 @given(
+    st.lists(st.tuples(KEYS, st.integers(0, 3)), max_size=40),
+    st.lists(KEYS, max_size=60),
+    st.integers(0, 3),
+    st.integers(-1, 60),
+)
+def test_add_fresh_adds_new_keys_in_its_room_and_leaves_the_rest_once(held, fps, value, room):
+    """``FingerprintIndex.add_many``'s first step: the new keys while there is room;
+    left for its loop, once each and in order, the keys held with another value and the
+    new ones past the room."""
+    table = _core.HotTable(held)
+    before = dict(table)
+    added, rest = table.add_fresh(fps, value, room)
+    distinct = list(dict.fromkeys(fps))
+    new = [k for k in distinct if k not in before]
+    assert added == min(len(new), max(room, 0))
+    assert dict(table) == {**before, **dict.fromkeys(new[:added], value)}
+    assert rest == [k for k in distinct if before.get(k, value) != value or k in new[added:]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
     st.lists(st.tuples(KEYS, st.integers(0, 2**32 - 1)), max_size=3000),
     st.lists(KEYS, max_size=50),
     st.integers(0, 2**32 - 1),

@@ -1081,6 +1081,35 @@ cdef class HotTable:
             added += self.put(<uint64_t>fp, value, False)
         return added
 
+    def add_fresh(self, list fingerprints, uint32_t value, Py_ssize_t room):
+        """Each of ``fingerprints`` this table does not hold, added with ``value`` while
+        fewer than ``room`` were. Returns how many were added, and the keys left for the
+        caller, once each and in order: those held with another value, and the new ones
+        after the room ran out. A key held with ``value`` (added here, or before) needs
+        nothing more."""
+        cdef Py_ssize_t i, n = len(fingerprints), added = 0
+        cdef uint32_t held
+        cdef uint64_t key
+        cdef list rest = []
+        cdef set left = None
+        for i in range(n):
+            if i + AHEAD < n:
+                self.prefetch(<uint64_t>fingerprints[i + AHEAD])
+            fp = fingerprints[i]
+            key = <uint64_t>fp
+            if self.find(key, &held):
+                if held == value:
+                    continue
+            elif added < room:
+                added += self.put(key, value, False)
+                continue
+            if left is None:
+                left = set()
+            if fp not in left:
+                left.add(fp)
+                rest.append(fp)
+        return added, rest
+
     def add_keys(self, const uint64_t[::1] keys, uint32_t value):
         """``add_new`` of a uint64 array's keys, read in place: a prompt's units, with no
         int object made for each (a frozenset of them took ~30 us a prompt)."""

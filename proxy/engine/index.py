@@ -24,7 +24,6 @@ from proxy.engine import _core
 _EMPTY: tuple[int, ...] = ()
 _SCALAR_BATCH = 8  # up to this many fingerprints, the sketch counts each use (see increment)
 _ANY_BITS = 24  # buckets of the index-wide "maybe frozen" bitmap (2 MB)
-_BULK_ADD = 16  # from this many fingerprints, add_many starts with set operations
 
 
 @dataclass(slots=True)
@@ -109,16 +108,17 @@ class FingerprintIndex(_core.IndexFields):
         fingerprint was a good part of the cost). A fingerprint given twice is added
         once."""
         hot, cap = self._hot, self.max_values_per_key
-        if type(fingerprints) not in (list, tuple) or len(fingerprints) >= _BULK_ADD:
-            # Most fingerprints of a prompt are new to the hot generation: set and dict
-            # operations add those in C, and only the others take the loop below.
-            given = set(fingerprints)
-            fresh = hot.absent(given)
-            if fresh and self._hot_count + len(fresh) < self.freeze_size:
-                self._hot_count += hot.add_new(fresh, value)
-                self._hot_newest = now
-                given.difference_update(fresh)
-            fingerprints = given
+        # Most fingerprints are new to the hot generation: added in C while the hot
+        # generation stays below its freeze, and only the others take the loop below
+        # (the loop freezes it at its size, as one key at a time would).
+        added, fingerprints = hot.add_fresh(
+            fingerprints if type(fingerprints) is list else list(fingerprints),
+            value,
+            self.freeze_size - 1 - self._hot_count,
+        )
+        if added:
+            self._hot_count += added
+            self._hot_newest = now
         more = self._hot_more
         for fp in fingerprints:
             current = hot.get(fp)
