@@ -1225,19 +1225,30 @@ def test_entity_prefilters_never_skip_a_match():
     assert not any(entities.needs(kind, prose) for kind in entities._NEEDS)
 
 
+PREFILTER_TEXTS = st.lists(
+    st.one_of(
+        st.sampled_from(PREFILTER_SAMPLES).map(lambda t: t[: len(t) // 2 + 7]),
+        st.sampled_from([" ", "-", "+", "(", ")", "@", "://", "sk-", "gh", "_", "٣"]),
+        st.from_regex(r"[0-9A-Za-z]{1,8}", fullmatch=True),
+    ),
+    max_size=25,
+).map("".join)
+
+
 @settings(max_examples=300, deadline=None)
-@given(
-    st.lists(
-        st.one_of(
-            st.sampled_from(PREFILTER_SAMPLES).map(lambda t: t[: len(t) // 2 + 7]),
-            st.sampled_from([" ", "-", "+", "(", ")", "@", "://", "sk-", "gh", "_", "٣"]),
-            st.from_regex(r"[0-9A-Za-z]{1,8}", fullmatch=True),
-        ),
-        max_size=25,
-    ).map("".join)
-)
+@given(PREFILTER_TEXTS)
 def test_entity_prefilters_never_skip_a_match_in_any_text(text):
     _prefilters_hold(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(PREFILTER_TEXTS)
+def test_entity_needs_reads_text_of_every_width_alike(text):
+    """``entity_needs`` reads a text's characters as stored, one, two or four bytes
+    each: a wide character after a space changes none of its bits."""
+    expected = _core.entity_needs(text + " ")
+    for wide in ("\u00e9", "\u0101", "\U0001f600"):
+        assert _core.entity_needs(text + " " + wide) == expected
 
 
 def test_kgrams_rolling_and_one_by_one_agree():
