@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 from conftest import read_events
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from proxy.cli import main as cli_main
 from proxy.forensics import pyrepr
@@ -247,6 +249,19 @@ def test_repr_reader_values_cuts_and_opaque_fields():
         "prompt: 'hi', prompt_embeds shape: None, finish_reason: stop", 0, ":"
     )
     assert fields == {"prompt": "hi", "prompt_embeds shape": None, "finish_reason": "stop"}
+
+
+TEXTS = st.text(st.characters(exclude_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=300, deadline=None)
+@given(TEXTS, TEXTS)
+def test_repr_reader_reads_back_the_strings_python_wrote(a, b):
+    """Strings as ``repr`` writes them (either quote, escapes, line breaks, backslashes
+    before a quote) read back unchanged, alone and as a call's fields."""
+    assert pyrepr.parse(repr(a)) == (a, len(repr(a)))
+    text = f"GenerateReqInput(rid={b!r}, text={a!r}, out={{'text': {b!r}}})"
+    assert pyrepr.parse(text) == ({"rid": b, "text": a, "out": {"text": b}}, len(text))
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,12 @@ from typing import Any
 
 import orjson
 
-_STRING = re.compile(r"""[rbuRBU]{0,2}(?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""")
+# Each quoted body as a run of plain characters, then escapes each followed by their own
+# run ("unrolled": the same strings as ``(?:[^'\\\n]|\\.)*``, which the regex engine
+# stepped through a character at a time, 7x slower on a long prompt).
+_STRING = re.compile(
+    r"""[rbuRBU]{0,2}(?:'[^'\\\n]*(?:\\.[^'\\\n]*)*'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")"""
+)
 _NUMBER = re.compile(r"-?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+|inf|nan)(?![\w.])")
 _NAME = re.compile(r"[A-Za-z_][\w.]*")
 _INT_LIST = re.compile(r"\[\s*(?:-?\d+\s*(?:,\s*-?\d+\s*)*)?\]")
