@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core
 from proxy.engine.detector import sorted_unique
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
-from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
+from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow, winnowed
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
 from proxy.engine.ordered_replay import replay
 from proxy.engine.tokens import CHAR_WEIGHT, WORD_WEIGHT, StreamTokenizer, unit_texts, units_of
@@ -844,6 +844,11 @@ def test_engines_with_different_keys_do_not_share_sources():
 fingerprint_lists = st.lists(
     st.one_of(st.integers(0, 6), st.integers(0, 2**64 - 1)), min_size=0, max_size=60
 )
+
+
+@given(fps=fingerprint_lists, w=st.integers(0, 9))
+def test_winnowed_is_winnows_fingerprints(fps, w):
+    assert winnowed(fps, w) == [fp for _, fp in winnow(fps, w)]
 
 
 @settings(max_examples=300, deadline=None)

@@ -43,7 +43,7 @@ from proxy.engine.entities import (
     iter_entity_keys,
     public_number_texts,
 )
-from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow
+from proxy.engine.fingerprint import Hasher, StreamWinnower, winnowed
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
 from proxy.engine.tokens import (
@@ -387,14 +387,12 @@ class Engine(_core.EngineClock):
             prompt_units=np.sort(np.fromiter(rare, np.uint64, len(rare)))[:PROMPT_UNITS_KEPT],
         )
         value = slot << 1
-        window = self.config.winnow_window
-        # A window of one keeps every k-gram: no pairs made and taken apart again.
-        winnowed = private if window <= 1 else [fp for _, fp in winnow(private, window)]
+        kept = winnowed(private, self.config.winnow_window)
         if model_fps:  # earlier assistant turns: indexed as this request's output
-            self.index.add_many([fp for fp in winnowed if fp not in model_fps], value, now)
-            self.index.add_many([fp for fp in winnowed if fp in model_fps], value | 1, now)
+            self.index.add_many([fp for fp in kept if fp not in model_fps], value, now)
+            self.index.add_many([fp for fp in kept if fp in model_fps], value | 1, now)
         else:
-            self.index.add_many(winnowed, value, now)
+            self.index.add_many(kept, value, now)
         for kind, entity_id in record.entities:
             if entity_id not in self._baseline_entities:
                 self.entities.add(

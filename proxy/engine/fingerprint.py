@@ -111,6 +111,14 @@ def winnow(fingerprints: Sequence[int], w: int) -> list[tuple[int, int]]:
     return selected
 
 
+def winnowed(fingerprints: list[int], w: int) -> list[int]:
+    """The fingerprints ``winnow`` selects, without their indices; with a window of one
+    (every k-gram kept) ``fingerprints`` itself, no pairs made and taken apart."""
+    if w <= 1:
+        return fingerprints
+    return [fp for _, fp in winnow(fingerprints, w)]
+
+
 class StreamWinnower:
     """Winnowing over a stream of fingerprints; same selection as ``winnow``
     for the windows it has seen (a short stream's minimum comes out in ``flush``)."""
