@@ -129,13 +129,16 @@ def test_holdback_zero_releases_leaked_words(engine):
 
 
 def test_detector_failure_fails_open_or_closed(engine):
-    data = sse_stream(
-        ["a", "perfectly", "clean", "answer", "about", "the", "weather", "in", "Porto"]
-    )
+    """Failing open, the rest passes unscanned but still parsed: the exchange line
+    counts all of the output, not the part before the failure."""
+    words = ["a", "perfectly", "clean", "answer", "about", "the", "weather", "in", "Porto"]
+    data = sse_stream(words)
     m = monitor(engine, "B", "b-open", "weather?")
     m.scan.feed = lambda *a, **k: 1 / 0
     assert feed(m, data, 11) == data
     assert m.detector_error.startswith("ZeroDivisionError") and m.verdict == "clean"
+    assert m.output_chars == sum(len(w) + 1 for w in words) and m.model == "m"
+    assert not m.truncated
 
     m = monitor(engine, "B", "b-closed", "weather?", fail_closed=True)
     m.scan.feed = lambda *a, **k: 1 / 0

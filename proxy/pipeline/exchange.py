@@ -253,7 +253,7 @@ class ExchangeMonitor:
             out = self._enforce_chunk(chunk)
         except Exception as e:  # noqa: BLE001 -- fail open/closed, reported by the caller
             self._fail(e)
-            return self._after_failure()
+            return self._after_failure(ended=not chunk)
         if self.blocked_by is not None:
             return out + self._cut(BLOCK_MESSAGE, "cross_tenant_leak")
         return out
@@ -317,7 +317,11 @@ class ExchangeMonitor:
             self.defer = defer
 
     def _shadow_chunk(self, chunk: bytes) -> None:
-        if self.detector_error is not None or self._sse is None or self._decode is None:
+        """Parse (and, until the detector fails, scan) one chunk already passed on.
+        After a failure the stream is still parsed, so that the exchange line's counts,
+        model and errors describe all of it; a failure once scanning has stopped can only
+        be the parsing's own, and the rest passes unparsed."""
+        if self._sse is None or self._decode is None:
             return
         try:
             plain = self._decode(chunk)
@@ -327,7 +331,10 @@ class ExchangeMonitor:
             if not chunk:
                 self._end_of_stream()
         except Exception as e:  # noqa: BLE001
-            self._fail(e)
+            if self.detector_error is None:
+                self._fail(e)
+            else:
+                self._sse = None
 
     def _enforce_chunk(self, chunk: bytes) -> list[bytes]:
         self._unscanned.extend(self._framer.feed(chunk) if chunk else [])
@@ -343,6 +350,8 @@ class ExchangeMonitor:
             self._unscanned.popleft()
             if self.blocked_by is not None:
                 return []
+            if self.detector_error is not None:
+                return self._after_failure(ended=not chunk)
             if self.scan_capped:
                 return self._stop_gating(ended=not chunk)
         if chunk:
@@ -360,20 +369,7 @@ class ExchangeMonitor:
             self._scan(self.scan.finish)
         if self.blocked_by is not None:
             return []  # on_chunk appends the cut
-        out = [*self._gate.flush(), *self._unscanned]
-        for raw in self._unscanned:  # whole events not parsed yet
-            for event in self._sse.feed(raw):
-                self._deliver(self._parser.feed(event))
-        self._unscanned.clear()
-        if tail := self._framer.close():  # part of an event: the SSE decoder keeps it
-            self._sse.feed(tail)
-            out.append(tail)
-        self._gate = None  # later chunks take the shadow path: parsed, passed at once
-        if ended:
-            for event in self._sse.close():
-                self._deliver(self._parser.feed(event))
-            self._end_of_stream()
-        return out
+        return self._release_all(ended=ended)
 
     def _scanned_words(self) -> float:
         return self.scan.output_words if self.scan is not None else 0.0
@@ -383,20 +379,28 @@ class ExchangeMonitor:
             self.detector_error and self.enforcement is not None and self.enforcement.fail_closed
         )
 
-    def _after_failure(self) -> list[bytes]:
+    def _after_failure(self, *, ended: bool) -> list[bytes]:
         """The detector failed mid-stream. Fail closed: cut. Fail open: release every
         byte received so far, in order, and pass the rest through unscanned."""
         if self._must_fail_closed():
             return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
-        return self._release_all()
+        return self._release_all(ended=ended)
 
-    def _release_all(self) -> list[bytes]:
+    def _release_all(self, *, ended: bool) -> list[bytes]:
         """Stop gating: every byte held or received so far, in order; later chunks
-        pass at once (the shadow path, which still parses them)."""
-        drained = [*self._gate.flush(), *self._unscanned, self._framer.close()]
+        pass at once (the shadow path). The bytes released unscanned are still parsed,
+        like later chunks: the exchange line counts all of the output and, once the
+        stream ``ended``, says how it ended."""
+        unparsed = [*self._unscanned, self._framer.close()]
+        out = [*self._gate.flush(), *filter(None, unparsed)]
         self._unscanned.clear()
         self._gate = None
-        return [b for b in drained if b]
+        for raw in unparsed:
+            if raw:
+                self._shadow_chunk(raw)
+        if ended:
+            self._shadow_chunk(b"")
+        return out
 
     def _cut(self, message: str, code: str) -> list[bytes]:
         """End the client's stream with one error event (once)."""
@@ -460,6 +464,8 @@ class ExchangeMonitor:
                 self._texts.setdefault(delta.choice, []).append(delta.text)
             if self.on_delta is not None:
                 self.on_delta(delta.choice, delta.text)
+            if self.detector_error is not None:
+                continue  # failed (open): counted, never scanned again
             if self.scan is None and self.pending_observe is None:
                 continue  # no prompt to scan against (unparsed request, failed observe)
             text = delta.text
@@ -473,7 +479,12 @@ class ExchangeMonitor:
                 if self._batched_chars >= self.scan_batch_chars:
                     self._feed_batched()
             elif self.scan is not None:
-                self._scan(self.scan.feed, text, delta.choice)
+                # A failure stops the scan, not the count of this event's later deltas;
+                # the caller sees ``detector_error`` and fails open or closed.
+                try:
+                    self._scan(self.scan.feed, text, delta.choice)
+                except Exception as e:  # noqa: BLE001
+                    self._fail(e)
 
     def _cut_at_cap(self, text: str) -> str:
         """The part of a delta (already counted in ``output_chars``, which is past
