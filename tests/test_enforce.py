@@ -146,11 +146,19 @@ def test_detector_failure_fails_open_or_closed(engine):
     assert b'"detector_failed"' in out and m.verdict == "blocked" and m.blocked_calls
 
 
-def slowed(call, seconds: float, *, only_with_findings: bool = False):
+def burn(seconds: float) -> None:
+    """Keep this thread busy for ``seconds`` of its CPU time (bounded: a sleep would
+    only be the machine not running it)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def slowed(call, seconds: float, *, only_with_findings: bool = False, pause=burn):
     def slow(*args, **kwargs):
         found = call(*args, **kwargs)
         if found or not only_with_findings:
-            time.sleep(seconds)
+            pause(seconds)
         return found
 
     return slow
@@ -173,17 +181,29 @@ def test_a_scan_over_its_time_budget_fails_open_but_what_it_found_still_blocks(e
     assert b"Bellwether" not in out and b'"cross_tenant_leak"' in out
 
 
+def test_a_scan_late_only_because_the_machine_was_busy_is_no_failure(engine):
+    """Over budget on the wall clock but not in CPU time (the process not scheduled,
+    as a sleep makes it): the detector did not fail, the stream stays gated."""
+    clean = sse_stream(["a", "perfectly", "clean", "answer", "about", "Porto"] * 3)
+    m = monitor(engine, "B", "b-busy", "weather?", budget_ms=5, fail_closed=True)
+    m.scan.feed = slowed(m.scan.feed, 0.02, pause=time.sleep)
+    assert feed(m, clean, 40) == clean
+    assert m.detector_error is None and m.verdict == "clean"
+
+
 def test_garbage_collector_pauses_do_not_count_against_the_time_budget(engine):
     """A collection of a large heap can stop the process for tens of milliseconds inside
-    any call, the engine's included: that is not a slow detector."""
+    any call, the engine's included: that is not a slow detector, on the wall clock nor,
+    when the machine was busy too, in CPU time."""
     clean = sse_stream(["a", "perfectly", "clean", "answer", "about", "Porto"] * 3)
     m = monitor(engine, "B", "b-gc", "weather?", budget_ms=250)
     real_feed = m.scan.feed
 
     def feed_during_a_pause(*args, **kwargs):
         GC_PAUSES("start", {"generation": 2})  # as gc.callbacks are called
-        time.sleep(0.5)  # the collector running: twice the budget
+        burn(0.5)  # the collector running: twice the budget
         GC_PAUSES("stop", {"generation": 2})
+        time.sleep(0.3)  # and the process not scheduled for longer than the budget
         return real_feed(*args, **kwargs)
 
     m.scan.feed = feed_during_a_pause
