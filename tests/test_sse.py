@@ -304,3 +304,13 @@ def test_one_mebibyte_fed_one_byte_at_a_time() -> None:
     assert events[0].data == "x" * (1024 * 1024 * 7 // 8)
     assert events[-1].data == '{"content": "\u20ac\U0001f600"}'
     assert not decoder.truncated
+
+
+@given(st.lists(_noisy_bytes, max_size=8))
+@settings(max_examples=400)
+def test_chunks_cut_between_events_decode_as_one_byte_at_a_time(blocks: list[bytes]) -> None:
+    """Chunks that each end with a blank line, as most servers write them (the decoder's
+    whole-event path), give what the line-by-line path gives."""
+    chunks = [block + b"\n\n" for block in blocks]
+    blob = b"".join(chunks)
+    assert decode(*chunks) == decode(*[blob[i : i + 1] for i in range(len(blob))])
