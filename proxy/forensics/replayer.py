@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -307,18 +308,27 @@ class Replayer:
         while pending and pending[0][0] <= until:
             when, _, steps, position = heapq.heappop(pending)
             self.clock = max(self.clock, when)
-            self._resume(steps, position)
+            self._resume(steps, position, until)
 
-    def _resume(self, steps: Iterator[float], position: str) -> None:
-        try:
-            when = next(steps)
-        except StopIteration:
-            return
-        except Exception as e:  # noqa: BLE001 -- one broken record never ends a replay
-            self.stats.failures += 1
-            self.sink.failure(position, f"{type(e).__name__}: {e}")
-            return
-        heapq.heappush(self._pending, (when, next(self._seq), steps, position))
+    def _resume(self, steps: Iterator[float], position: str, until: float = -math.inf) -> None:
+        """Run ``steps`` up to its next step. That step runs on at once while it is due
+        before every pending one and not after ``until`` (the heap would hand it back
+        next: a stream's events mostly come in a row); else it waits its turn."""
+        pending = self._pending
+        while True:
+            try:
+                when = next(steps)
+            except StopIteration:
+                return
+            except Exception as e:  # noqa: BLE001 -- one broken record never ends a replay
+                self.stats.failures += 1
+                self.sink.failure(position, f"{type(e).__name__}: {e}")
+                return
+            # Equal times run in the order they were queued: a tie waits its turn.
+            if when > until or (pending and pending[0][0] <= when):
+                heapq.heappush(pending, (when, next(self._seq), steps, position))
+                return
+            self.clock = max(self.clock, when)
 
     # -- one HTTP exchange, as the live addon's hooks handle it ---------------------------
 
