@@ -543,7 +543,8 @@ class ExchangeMonitor:
         this thread's CPU time since the call it serves began (an upper bound of its
         own): a machine too busy to schedule the process is not a slow detector, and
         failing then would cut (fail closed) or wave through (open) streams under load.
-        The CPU clock is read only then: a reading costs a system call (~0.75 us)."""
+        A CPU clock reading costs a system call (~0.75 us): it is read once a call in
+        enforce mode (``_mark_cpu``) and here only past the wall-clock budget."""
         budget_ms = self.enforcement.budget_ms if self.enforcement is not None else None
         if budget_ms is None or elapsed * 1000 <= budget_ms:
             return None
