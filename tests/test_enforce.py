@@ -154,6 +154,17 @@ def burn(seconds: float) -> None:
         pass
 
 
+def test_a_stream_whose_prompt_was_not_observed_passes_gated_and_unscanned(engine):
+    """A failure before the stream (the prompt's observation) leaves it unscanned but
+    gated as usual, even failing closed: only a failure while scanning it cuts."""
+    words = ["a", "clean", "answer", "about", "the", "weather"]
+    data = sse_stream(words)
+    m = monitor(engine, "B", "b-unobserved", "weather?", fail_closed=True)
+    m.scan, m.detector_error = None, "observe failed"
+    assert feed(m, data, 11) == data
+    assert m.output_chars == sum(len(w) + 1 for w in words) and not m.blocked_calls
+
+
 def slowed(call, seconds: float, *, only_with_findings: bool = False, pause=burn):
     def slow(*args, **kwargs):
         found = call(*args, **kwargs)

@@ -72,6 +72,23 @@ def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
     assert m.scan.finished and m.detector_error is None
 
 
+def test_a_failure_in_a_batched_scan_still_counts_the_whole_chunk():
+    """The engine fails on the first batch of a chunk that holds the whole answer: the
+    rest of its events are still parsed (counts, end of stream), never scanned."""
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    deferred: list = []
+    m = shadow_monitor(engine, deferred, [])
+    run(deferred[:1])  # the prompt is observed
+    del deferred[0]
+    m.scan.feed = None  # the engine breaks: calling it raises TypeError
+    words = ["hello"] * 40
+    m.on_chunk(sse_stream(words))
+    m.on_chunk(b"")
+    run(deferred)
+    assert m.detector_error is not None and "TypeError" in m.detector_error
+    assert m.output_chars == sum(len(w) + 1 for w in words) and not m.truncated
+
+
 def test_a_deferred_failure_fails_open_and_is_reported():
     engine = Engine(EngineConfig(key=b"k" * 32))
     deferred: list = []

@@ -343,6 +343,9 @@ class ExchangeMonitor:
                 self._sse = None
 
     def _enforce_chunk(self, chunk: bytes) -> list[bytes]:
+        # A failure before the stream (its prompt not observed) leaves it unscanned and
+        # gated as it was; one while scanning it fails open or closed at once.
+        failed_before = self.detector_error is not None
         self._unscanned.extend(self._framer.feed(chunk) if chunk else [])
         if not chunk and (rest := self._framer.close()):
             self._unscanned.append(rest)  # an unterminated last event: scanned, then sent
@@ -356,7 +359,7 @@ class ExchangeMonitor:
             self._unscanned.popleft()
             if self.blocked_by is not None:
                 return []
-            if self.detector_error is not None:
+            if self.detector_error is not None and not failed_before:
                 return self._after_failure(ended=not chunk)
             if self.scan_capped:
                 return self._stop_gating(ended=not chunk)
@@ -481,18 +484,21 @@ class ExchangeMonitor:
                 text = self._cut_at_cap(text)
             if not text:
                 continue
-            if self.scan_batch_chars and self.enforcement is None:
-                self._batched.setdefault(delta.choice, []).append(text)
-                self._batched_chars += len(text)
-                if self._batched_chars >= self.scan_batch_chars:
-                    self._feed_batched()
-            elif self.scan is not None:
-                # A failure stops the scan, not the count of this event's later deltas;
-                # the caller sees ``detector_error`` and fails open or closed.
-                try:
-                    self._scan(self.scan.feed, text, delta.choice)
-                except Exception as e:  # noqa: BLE001
-                    self._fail(e)
+            # A failure stops the scan, not the count of this event's later deltas;
+            # the caller sees ``detector_error`` and fails open or closed.
+            try:
+                self._scan_delta(text, delta.choice)
+            except Exception as e:  # noqa: BLE001
+                self._fail(e)
+
+    def _scan_delta(self, text: str, choice: int) -> None:
+        if self.scan_batch_chars and self.enforcement is None:
+            self._batched.setdefault(choice, []).append(text)
+            self._batched_chars += len(text)
+            if self._batched_chars >= self.scan_batch_chars:
+                self._feed_batched()
+        elif self.scan is not None:
+            self._scan(self.scan.feed, text, choice)
 
     def _cut_at_cap(self, text: str) -> str:
         """The part of a delta (already counted in ``output_chars``, which is past
