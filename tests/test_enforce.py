@@ -154,6 +154,25 @@ def burn(seconds: float) -> None:
         pass
 
 
+def test_an_event_whose_parsing_raised_is_released_and_never_parsed_again(engine):
+    """An observer that raises mid-event fails the detector open: the event's bytes are
+    released in order with the rest, and no delta is counted twice."""
+    words = ["a", "clean", "answer", "about", "the", "weather", "in", "Porto"]
+    data = sse_stream(words)
+    m = monitor(engine, "B", "b-observer", "weather?")
+    seen: list[str] = []
+
+    def observer(choice: int, text: str) -> None:
+        seen.append(text)
+        if len(seen) == 3:
+            raise ValueError("observer")
+
+    m.on_delta = observer
+    assert feed(m, data, 1_000) == data
+    assert m.detector_error.startswith("ValueError")
+    assert m.output_chars <= sum(len(w) + 1 for w in words) and len(seen) <= len(words)
+
+
 def test_a_stream_whose_prompt_was_not_observed_passes_gated_and_unscanned(engine):
     """A failure before the stream (the prompt's observation) leaves it unscanned but
     gated as usual, even failing closed: only a failure while scanning it cuts."""

@@ -242,7 +242,6 @@ class ExchangeMonitor:
     def on_chunk(self, chunk: bytes) -> list[bytes]:
         """One raw chunk of the SSE body as received (``b""`` at the end); returns what
         to send to the client now."""
-        self._mark_cpu()
         if self.first_output is None and chunk:
             self.first_output = time.monotonic()
         if self._gate is None:  # shadow, or enforcement that failed open
@@ -255,6 +254,7 @@ class ExchangeMonitor:
             return [chunk] if chunk else []
         if self._gate.cut_done:
             return []
+        self._mark_cpu()
         try:
             out = self._enforce_chunk(chunk)
         except Exception as e:  # noqa: BLE001 -- fail open/closed, reported by the caller
@@ -350,13 +350,16 @@ class ExchangeMonitor:
         if not chunk and (rest := self._framer.close()):
             self._unscanned.append(rest)  # an unterminated last event: scanned, then sent
         while self._unscanned:
-            raw = self._unscanned[0]
+            raw = self._unscanned.popleft()
             before = self._scanned_words()
-            for event in self._sse.feed(raw):
-                self._deliver(self._parser.feed(event))
-            # The gate counts the words the engine tokenised: no second pass over the text.
-            self._gate.push(raw, self._scanned_words() - before)
-            self._unscanned.popleft()
+            try:
+                for event in self._sse.feed(raw):
+                    self._deliver(self._parser.feed(event))
+            finally:
+                # Held even when its parsing raised: released (fail open) with what the
+                # gate holds, never parsed a second time with what was not parsed yet.
+                # The gate counts the words the engine tokenised: no second pass.
+                self._gate.push(raw, self._scanned_words() - before)
             if self.blocked_by is not None:
                 return []
             if self.detector_error is not None and not failed_before:

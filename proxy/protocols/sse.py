@@ -181,10 +181,7 @@ class SSEDecoder:
         self._tail = [last] if last else []
 
         events: list[SSEEvent] = []
-        for line in lines:
-            event = self._process_line(line)
-            if event is not None:
-                events.append(event)
+        self._process_lines(lines, events)
         return events
 
     def _whole_events(self, text: str) -> list[SSEEvent]:
@@ -195,13 +192,14 @@ class SSEDecoder:
         for block in text[:-2].split("\n\n"):
             if block.startswith("data: ") and "\n" not in block:
                 events.append(SSEEvent(block[6:], None, self._last_id, None))
-                continue
-            for line in block.split("\n"):
-                if (event := self._process_line(line)) is not None:
-                    events.append(event)  # a blank line (a block ending in "\n")
-            if (event := self._dispatch()) is not None:
-                events.append(event)
+            else:
+                self._process_lines([*block.split("\n"), ""], events)  # "": its blank line
         return events
+
+    def _process_lines(self, lines: list[str], events: list[SSEEvent]) -> None:
+        for line in lines:
+            if (event := self._process_line(line)) is not None:
+                events.append(event)
 
     def _process_line(self, line: str) -> SSEEvent | None:
         if not line:
