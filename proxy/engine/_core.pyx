@@ -839,9 +839,18 @@ cdef class WordUsers:
         cdef Py_ssize_t i, at, n = column.size
         cdef uint32_t users
         cdef uint64_t unit
+        cdef const WordEntry* near
+        cdef uint64_t mask = <uint64_t>(self.capacity - 1)
         for at in range(n):
             if at + AHEAD < n:
-                prefetch(&self.table[mix64(data[at + AHEAD]) & <uint64_t>(self.capacity - 1)])
+                prefetch(&self.table[mix64(data[at + AHEAD]) & mask])
+                plain.prefetch(data[at + AHEAD])
+            if at + AHEAD // 2 < n:
+                # Its entry asked for AHEAD words ago: a word of several users points to
+                # a bitset, a second cache miss, asked for now.
+                near = &self.table[mix64(data[at + AHEAD // 2]) & mask]
+                if near.unit == data[at + AHEAD // 2] and near.users and not near.users & 1:
+                    prefetch(<const uint64_t*>near.users + 1 + (number >> 6))
             unit = data[at]
             if plain.has(unit):
                 continue
@@ -1583,6 +1592,19 @@ ctypedef struct ShortWord:
     uint64_t unit  # its unit hash
 
 
+ctypedef struct WordAt:
+    # A word ``_add_ascii`` found, waiting for its unit hash: where it is, and its set
+    # and key in the short-word cache (``ways`` NULL: too long to be cached there).
+    Py_ssize_t start, length
+    bint upper
+    ShortWord* ways
+    uint64_t key[2]
+
+
+cdef enum:
+    WORDS_AHEAD = 16  # words whose short-word cache lines are asked for at once
+
+
 @cython.final
 cdef class ShortWords:
     """The unit hashes of recent ASCII words of at most 16 characters, keyed by their
@@ -1783,10 +1805,14 @@ cdef class DeltaScanner:
                                bint final, Py_ssize_t i) except -1:
         """The tokenizer's step on ASCII ``text`` from ``i`` (``ascii_units``'s loop), its
         units appended straight to the columns; the word that touches the end is held
-        back, unless the stream has ended (``final``). Returns how many units it added."""
+        back, unless the stream has ended (``final``). Returns how many units it added.
+        Words are found ``WORDS_AHEAD`` at a time and their short-word cache lines asked
+        for before any is looked up: a whole response's cache misses overlap."""
         cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
-        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), start, added = 0
+        cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), start, added = 0, queued = 0
         cdef bint upper
+        cdef WordAt words[WORDS_AHEAD]
+        cdef WordAt* word
         tokenizer._pending, tokenizer._pending_at = "", consumed
         while True:
             start = next_word(data, i, n, &i, &upper)
@@ -1796,9 +1822,33 @@ cdef class DeltaScanner:
                 tokenizer._pending = PyUnicode_Substring(text, start, n)
                 tokenizer._pending_at = base + start
                 break
-            self._push_word(columns, data + start, i - start, upper, base + start)
-            added += 1
-        return added
+            word = &words[queued]
+            word.start, word.length, word.upper = start, i - start, upper
+            word.ways = NULL
+            if word.length <= 16:
+                word.ways = self.short_words.way(data + start, word.length, word.key)
+                prefetch(word.ways)
+            queued += 1
+            if queued == WORDS_AHEAD:
+                self._push_words(columns, data, words, queued, base)
+                added, queued = added + queued, 0
+        if queued:
+            self._push_words(columns, data, words, queued, base)
+        return added + queued
+
+    cdef int _push_words(self, ChoiceColumns columns, const unsigned char* data,
+                         const WordAt* words, Py_ssize_t count, Py_ssize_t base) except -1:
+        """``_push_word`` of ``count`` words of ``data`` found by ``_add_ascii``."""
+        cdef Py_ssize_t j
+        cdef const WordAt* word
+        for j in range(count):
+            word = &words[j]
+            self._push_unit(
+                columns,
+                self._cached_unit(word.ways, word.key, data + word.start, word.length,
+                                  word.upper),
+                data + word.start, word.length, base + word.start)
+        return 0
 
     cdef Py_ssize_t _add_after(self, ChoiceColumns columns, TokenizerState tokenizer,
                                str pending, str delta, Py_ssize_t base,
@@ -1835,7 +1885,14 @@ cdef class DeltaScanner:
                         Py_ssize_t length, bint upper, Py_ssize_t start) except -1:
         """Append the ASCII word ``word[:length]`` at ``start`` to the columns: its unit
         hash, whether it is a specific number, its weight and offsets."""
-        columns.hashes.push(self._ascii_unit(word, length, upper))
+        return self._push_unit(columns, self._ascii_unit(word, length, upper), word, length,
+                               start)
+
+    cdef inline int _push_unit(self, ChoiceColumns columns, uint64_t unit,
+                               const unsigned char* word, Py_ssize_t length,
+                               Py_ssize_t start) except -1:
+        """``_push_word`` of a word whose unit hash is ``unit``."""
+        columns.hashes.push(unit)
         columns.numbers.push(specific_ascii_number(word, length))
         columns.weights.push(self.word_weight)
         columns.cumulative.push(columns.cumulative.last() + self.word_weight)
@@ -1863,12 +1920,19 @@ cdef class DeltaScanner:
                               bint upper) except? 0:
         """The unit hash of the ASCII word ``word[:length]`` (not empty)."""
         cdef uint64_t key[2]
-        cdef uint64_t value
         cdef ShortWord* ways = NULL
         if length <= 16:
             ways = self.short_words.way(word, length, key)
-            if self.short_words.get(ways, key, &value):
-                return value
+        return self._cached_unit(ways, key, word, length, upper)
+
+    cdef uint64_t _cached_unit(self, ShortWord* ways, const uint64_t* key,
+                               const unsigned char* word, Py_ssize_t length,
+                               bint upper) except? 0:
+        """``_ascii_unit`` of a word whose short-word set is ``ways`` with ``key`` (NULL:
+        a word longer than 16 characters, not cached there)."""
+        cdef uint64_t value
+        if ways != NULL and self.short_words.get(ways, key, &value):
+            return value
         cdef str unit = PyUnicode_DecodeASCII(<const char*>word, length, NULL)
         if upper:
             unit = unit.lower()
@@ -2368,6 +2432,7 @@ cdef uint64_t GRAM_BASE = 0x100003ULL  # the final gram's polynomial base
 cdef enum:
     FINAL_GRAM = 6  # characters of a key's end that the prefilter hashes (MIN_ENTITY_CHARS)
     FINAL_BITS = 22  # a 512 KiB bitmap, two bits a key: 10,000 keys pass ~1 delta in 10,000
+    GRAMS_AHEAD = 8  # a power of two: grams whose bitmap bytes are asked for at once
 
 
 cdef inline uint64_t final_gram(int kind, const void* data, Py_ssize_t end) noexcept:
@@ -2472,25 +2537,34 @@ cdef class EntityIndexFields:
         """``may_end_in(history[:h] + delta, h)`` (``h`` < ``FINAL_GRAM``: the characters
         before the delta that a final gram ending in it can reach), with no window
         string made: a rolling hash of the grams, the same as
-        ``final_gram``'s (a polynomial modulo 2**64 drops its oldest term exactly)."""
+        ``final_gram``'s (a polynomial modulo 2**64 drops its oldest term exactly).
+        A gram's bitmap byte is asked for ``GRAMS_AHEAD`` characters before it is read:
+        a long delta's cache misses overlap."""
         if self.short_keys:
             return True
         cdef int kind = PyUnicode_KIND(delta)
         cdef const void* data = PyUnicode_DATA(delta)
-        cdef Py_ssize_t total = h + PyUnicode_GET_LENGTH(delta), end, i
-        cdef uint64_t gram = 0, top = 1
+        cdef Py_ssize_t total = h + PyUnicode_GET_LENGTH(delta), end, i, read
+        cdef uint64_t gram = 0, top = 1, a, b
+        cdef uint64_t ahead[GRAMS_AHEAD]  # the grams asked for, not read yet
         if total < FINAL_GRAM:
             return False
         for i in range(FINAL_GRAM - 1):
             top *= GRAM_BASE  # the oldest character's multiplier
         for i in range(FINAL_GRAM - 1):
             gram = gram * GRAM_BASE + char_at(history, h, kind, data, i)
-        for end in range(FINAL_GRAM - 1, total):
-            gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
-            if final_marked(self.finals, gram):
+        for end in range(FINAL_GRAM - 1, total + GRAMS_AHEAD - 1):
+            if end < total:
+                gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
+                final_bits(gram, &a, &b)
+                prefetch(self.finals + (a >> 3))
+                ahead[end & (GRAMS_AHEAD - 1)] = gram
+                # the oldest character of this gram leaves it
+                gram -= top * char_at(history, h, kind, data, end - FINAL_GRAM + 1)
+            read = end - GRAMS_AHEAD + 1  # the gram that ends there, asked for earlier
+            if read >= FINAL_GRAM - 1 and final_marked(self.finals,
+                                                       ahead[read & (GRAMS_AHEAD - 1)]):
                 return True
-            # the oldest character of this gram leaves it
-            gram -= top * char_at(history, h, kind, data, end - FINAL_GRAM + 1)
         return False
 
     def __init__(self, Py_ssize_t longest, double rebuild_interval):
