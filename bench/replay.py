@@ -87,7 +87,14 @@ import orjson
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from common import die_with_parent, free_port, stop_on_sigterm, stop_processes, wait_listening  # noqa: E402
+from common import (  # noqa: E402
+    compile_package,
+    die_with_parent,
+    free_port,
+    stop_on_sigterm,
+    stop_processes,
+    wait_listening,
+)
 from log_writers import WRITERS, Logged, write_log  # noqa: E402
 
 from proxy.sim.answers import answer_for, prompt_seed  # noqa: E402
@@ -896,6 +903,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure_caps()))
         return 0
     stop_on_sigterm()
+    compile_package()  # it times whole replay processes, start-up included
     with contextlib.ExitStack() as stack:
         if args.workdir:
             workdir = Path(args.workdir)
