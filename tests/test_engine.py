@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core
+from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core, entities
 from proxy.engine.detector import sorted_unique
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow, winnowed
@@ -1061,6 +1061,26 @@ def test_extract_entities_rejects(text, rejected_kind):
     assert rejected_kind not in [kind for kind, _ in entity_pairs(text)]
 
 
+# Texts made of what a digit_id's edges are made of: runs of letters (both cases) and of
+# digits, hyphens, underscores, spaces, punctuation, a digit and a letter not ASCII.
+_DIGIT_ID_PIECES = st.one_of(
+    st.text(alphabet="aZkQ", min_size=1, max_size=5),
+    st.text(alphabet="0123456789", min_size=1, max_size=12),
+    st.sampled_from(["-", "--", "_", " ", ".", "\n", "\u0663", "\u00e9"]),
+)
+
+
+@given(st.lists(_DIGIT_ID_PIECES, max_size=12).map("".join))
+@settings(max_examples=3000, deadline=None)
+def test_digit_id_matches_are_the_patterns_own(text):
+    """The digit_id pattern tried only before runs of seven digits finds what
+    ``finditer`` over the whole text finds, at the same spans."""
+    pattern = next(p for kind, p, _ in entities._PATTERNS if kind == "digit_id")
+    assert [m.span() for m in entities._digit_id_matches(pattern, text)] == [
+        m.span() for m in pattern.finditer(text)
+    ]
+
+
 def test_checksums():
     assert luhn_ok("4539148803436467") and not luhn_ok("4539148803436468")
     assert iban_ok("GB12 WEST 1234 5698 7654 31") and not iban_ok("GB12 WEST 1234 5698 7654 32")
@@ -1211,8 +1231,6 @@ PREFILTER_SAMPLES = [
 
 
 def _prefilters_hold(text: str) -> None:
-    from proxy.engine import entities
-
     for kind, pattern, _ in entities._PATTERNS:
         if pattern.search(text):
             assert entities.needs(kind, text), (kind, text)
@@ -1220,8 +1238,6 @@ def _prefilters_hold(text: str) -> None:
 
 def test_entity_prefilters_never_skip_a_match():
     """The cheap tests that skip a kind's pattern are implied by the pattern itself."""
-    from proxy.engine import entities
-
     for text in PREFILTER_SAMPLES:
         _prefilters_hold(text)
     kinds = {e.kind for text in PREFILTER_SAMPLES for e in entities.extract_entities(text)}
