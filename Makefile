@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml setup.py proxy/engine/_core.pyx
 	@# An editable install leaves the package uncompiled, and where PYTHONDONTWRITEBYTECODE
 	@# is set every process (each test's proxy, each replay) compiles it again: ~0.13 s.
 	@# A wheel's install compiles it; so does this.
-	$(PY) -m compileall -q proxy addons >/dev/null
+	$(PY) -m compileall -q proxy addons
 	@touch $(STAMP)
 
 run: $(STAMP)

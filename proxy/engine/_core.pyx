@@ -847,7 +847,9 @@ cdef class WordUsers:
                 plain.prefetch(data[at + AHEAD])
             if at + AHEAD // 2 < n:
                 # Its entry asked for AHEAD words ago: a word of several users points to
-                # a bitset, a second cache miss, asked for now.
+                # a bitset, a second cache miss, asked for now. (A word of the bitset
+                # past its end, for a tenant it has no room for yet, is only an address:
+                # a prefetch never faults.) A word in a slot past its home is not asked.
                 near = &self.table[mix64(data[at + AHEAD // 2]) & mask]
                 if near.unit == data[at + AHEAD // 2] and near.users and not near.users & 1:
                     prefetch(<const uint64_t*>near.users + 1 + (number >> 6))
@@ -1810,6 +1812,7 @@ cdef class DeltaScanner:
         for before any is looked up: a whole response's cache misses overlap."""
         cdef const unsigned char* data = <const unsigned char*>PyUnicode_DATA(text)
         cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), start, added = 0, queued = 0
+        cdef Py_ssize_t held = -1
         cdef bint upper
         cdef WordAt words[WORDS_AHEAD]
         cdef WordAt* word
@@ -1819,8 +1822,9 @@ cdef class DeltaScanner:
             if start == n:
                 break
             if i == n and not final:  # the word touches the end so far: it may continue
-                tokenizer._pending = PyUnicode_Substring(text, start, n)
-                tokenizer._pending_at = base + start
+                # Held back once the words before it are in: a hasher that raises on
+                # one of them leaves no word held, as a word-at-a-time step would.
+                held = start
                 break
             word = &words[queued]
             word.start, word.length, word.upper = start, i - start, upper
@@ -1834,6 +1838,9 @@ cdef class DeltaScanner:
                 added, queued = added + queued, 0
         if queued:
             self._push_words(columns, data, words, queued, base)
+        if held >= 0:
+            tokenizer._pending = PyUnicode_Substring(text, held, n)
+            tokenizer._pending_at = base + held
         return added + queued
 
     cdef int _push_words(self, ChoiceColumns columns, const unsigned char* data,
