@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core, entities
@@ -1071,13 +1071,16 @@ _DIGIT_ID_PIECES = st.one_of(
 
 
 @given(st.lists(_DIGIT_ID_PIECES, max_size=12).map("".join))
+@example("ZZZZ-1234567 and ab12345678, 1234567-12345678 x_1234567")  # the longest leads
+@example("123456789012 AB-1234567AB-1234567 Q-12345678")  # runs next to runs
 @settings(max_examples=3000, deadline=None)
 def test_digit_id_matches_are_the_patterns_own(text):
     """The digit_id pattern tried only before runs of seven digits finds what
     ``finditer`` over the whole text finds, at the same spans."""
-    pattern = next(p for kind, p, _ in entities._PATTERNS if kind == "digit_id")
-    assert [m.span() for m in entities._digit_id_matches(pattern, text)] == [
-        m.span() for m in pattern.finditer(text)
+    anchored = next(p for kind, p, _ in entities._PATTERNS if kind == "digit_id")
+    assert isinstance(anchored, entities.AnchoredPattern)
+    assert [m.span() for m in anchored.finditer(text)] == [
+        m.span() for m in anchored.pattern.finditer(text)
     ]
 
 

@@ -2545,13 +2545,15 @@ cdef class EntityIndexFields:
         before the delta that a final gram ending in it can reach), with no window
         string made: a rolling hash of the grams, the same as
         ``final_gram``'s (a polynomial modulo 2**64 drops its oldest term exactly).
-        A gram's bitmap byte is asked for ``GRAMS_AHEAD`` characters before it is read:
-        a long delta's cache misses overlap."""
+        In a text of more than ``2 * GRAMS_AHEAD`` grams a gram's bitmap byte is asked
+        for ``GRAMS_AHEAD`` characters before it is read, so that the cache misses
+        overlap; a short delta's grams are read as they are made (``lag`` 1)."""
         if self.short_keys:
             return True
         cdef int kind = PyUnicode_KIND(delta)
         cdef const void* data = PyUnicode_DATA(delta)
         cdef Py_ssize_t total = h + PyUnicode_GET_LENGTH(delta), end, i, read
+        cdef Py_ssize_t lag = GRAMS_AHEAD if total - FINAL_GRAM + 1 > 2 * GRAMS_AHEAD else 1
         cdef uint64_t gram = 0, top = 1, a, b
         cdef uint64_t ahead[GRAMS_AHEAD]  # the grams asked for, not read yet
         if total < FINAL_GRAM:
@@ -2560,15 +2562,16 @@ cdef class EntityIndexFields:
             top *= GRAM_BASE  # the oldest character's multiplier
         for i in range(FINAL_GRAM - 1):
             gram = gram * GRAM_BASE + char_at(history, h, kind, data, i)
-        for end in range(FINAL_GRAM - 1, total + GRAMS_AHEAD - 1):
+        for end in range(FINAL_GRAM - 1, total + lag - 1):
             if end < total:
                 gram = gram * GRAM_BASE + <uint64_t>PyUnicode_READ(kind, <void*>data, end - h)
-                final_bits(gram, &a, &b)
-                prefetch(self.finals + (a >> 3))
+                if lag > 1:
+                    final_bits(gram, &a, &b)
+                    prefetch(self.finals + (a >> 3))
                 ahead[end & (GRAMS_AHEAD - 1)] = gram
                 # the oldest character of this gram leaves it
                 gram -= top * char_at(history, h, kind, data, end - FINAL_GRAM + 1)
-            read = end - GRAMS_AHEAD + 1  # the gram that ends there, asked for earlier
+            read = end - lag + 1  # the gram that ends there, asked for earlier
             if read >= FINAL_GRAM - 1 and final_marked(self.finals,
                                                        ahead[read & (GRAMS_AHEAD - 1)]):
                 return True

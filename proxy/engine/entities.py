@@ -80,8 +80,38 @@ def _word_char(ch: str) -> bool:
     return ch.isascii() and ch.isalnum()
 
 
+@dataclass(frozen=True, slots=True)
+class AnchoredPattern:
+    """A pattern tried only near its *anchor*: ``finditer`` finds what the pattern's own
+    ``finditer`` finds, given that every match holds a whole match of ``anchor`` (which
+    ``anchor.search`` from the previous match's end finds whole) beginning at most
+    ``lead`` characters after the match's start. Then the leftmost match from ``pos``
+    begins within ``lead`` characters before the first anchor from ``pos``, or before a
+    later one; ``match`` at a position answers as ``finditer`` would there (both see the
+    whole string, so ``\\b`` and look-behinds read the characters before it). For a
+    pattern that would try every word start, most of a text is then skipped."""
+
+    pattern: re.Pattern[str]
+    anchor: re.Pattern[str]
+    lead: int
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return self.pattern.search(text)
+
+    def finditer(self, text: str) -> Iterator[re.Match[str]]:
+        pos = 0
+        while found := self.anchor.search(text, pos):
+            for start in range(max(pos, found.start() - self.lead), found.start() + 1):
+                if m := self.pattern.match(text, start):
+                    yield m
+                    pos = m.end()
+                    break
+            else:
+                pos = found.end()  # no match holds this anchor: one must begin after it
+
+
 # (kind, pattern, validator). Order matters: the first kind to claim a span wins.
-_PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
+_PATTERNS: list[tuple[str, re.Pattern[str] | AnchoredPattern, Callable[[str], bool]]] = [
     ("email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}", re.I | re.A), _any),
     (
         "url_secret",
@@ -118,7 +148,19 @@ _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
     ),
     # Long numbers, and shorter ones that a prefix marks as an account's or a customer's
     # (CUS-8591332, ACC1234567): seven digits alone are amounts and counts too often.
-    ("digit_id", re.compile(r"\b(?:[A-Z]{2,4}-?\d{7,}|[A-Z]{0,4}-?\d{8,})\b", re.I | re.A), _any),
+    # Anchored at its run of digits, which it holds whole (a digit before the run would
+    # fail its \b, the greedy run ends at its last digit) at most five characters
+    # ([A-Z]{2,4}-?) from its start: with re.I every word start was a candidate, ~80 us
+    # an answer that held a long number.
+    (
+        "digit_id",
+        AnchoredPattern(
+            re.compile(r"\b(?:[A-Z]{2,4}-?\d{7,}|[A-Z]{0,4}-?\d{8,})\b", re.I | re.A),
+            anchor=re.compile(r"\d{7,}", re.A),
+            lead=5,
+        ),
+        _any,
+    ),
     (
         "token",  # generic secrets: long mixed-case alphanumerics with digits
         re.compile(
@@ -127,31 +169,6 @@ _PATTERNS: list[tuple[str, re.Pattern[str], Callable[[str], bool]]] = [
         _any,
     ),
 ]
-
-
-# A run of seven ASCII digits or more: every digit_id holds one, whole, at most five
-# characters ([A-Z]{2,4}-?) after its start. Its pattern, tried at every word start (and
-# with re.I, every word is one), took ~80 us an answer that held a long number.
-_DIGIT_RUN = re.compile(r"\d{7,}", re.A)
-_DIGIT_ID_LEAD = 5
-
-
-def _digit_id_matches(pattern: re.Pattern[str], text: str) -> Iterator[re.Match[str]]:
-    """``pattern.finditer(text)`` for the digit_id pattern, tried only just before runs
-    of seven digits or more. The same matches: a match's digits begin a run (a letter or
-    hyphen before them is the match's; a digit before them would make its ``\b`` fail),
-    so the leftmost match from ``pos`` begins within ``_DIGIT_ID_LEAD`` characters before
-    the first such run from ``pos``, or before a later one. ``match`` at a position
-    answers as ``finditer`` would there: both see the whole string."""
-    pos = 0
-    while run := _DIGIT_RUN.search(text, pos):
-        for start in range(max(pos, run.start() - _DIGIT_ID_LEAD), run.start() + 1):
-            if m := pattern.match(text, start):
-                yield m
-                pos = m.end()
-                break
-        else:
-            pos = run.end()  # no match holds this run: one must begin after it
 
 
 # What a text must contain for a kind's pattern to match at all, found in one compiled
@@ -271,7 +288,7 @@ def extract_entities(text: str) -> list[Entity]:
     for kind, pattern, valid in _PATTERNS:
         if not present & _NEEDS[kind]:
             continue
-        for m in _digit_id_matches(pattern, text) if kind == "digit_id" else pattern.finditer(text):
+        for m in pattern.finditer(text):
             s, e = m.span()
             value = m.group(0).rstrip(".,;:)")
             e = s + len(value)
