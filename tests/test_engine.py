@@ -1443,6 +1443,30 @@ def test_the_models_answer_to_the_same_question_keeps_its_entity_known():
     assert exchange(engine, "B", "b-2", question, answer, T0 + 80) == []
 
 
+def test_an_answer_found_to_carry_a_tenants_answer_holds_that_tenants_text():
+    """A's stream was cut part way (the engine saw its head only); B's answer is A's
+    whole answer, mis-routed: a leak of A's, the tail with it. A's next answer to the
+    same question restates that tail, which only B's copy held: A's own answer again,
+    not a leak of B's (seen in the warm enforce e2e test: a clean answer blocked).
+    Control: a third tenant's answer with the tail is still a leak (of A's next answer,
+    and of B's copy)."""
+    engine = make_engine()
+    question = "Summarise the Vividfield Foods deadline and the reference of my invoice."
+    head = (
+        "Vividfield Foods moves the Halvorsen deadline to 13 May. The amount due is "
+        "8,168.78, scheduled for August. Order ORD-2026-641211 was placed by Noor Thibodeau."
+    )
+    tail = "The projected Kestrel total is 5,373.97 under reference REF-16299053 for Lisbet."
+    scan = engine.observe_prompt("A", "a-1", question, now=T0)
+    scan.feed(head, now=T0)
+    scan.finish(now=T0)
+    copy = exchange(engine, "B", "b-1", "Weather in Oslo?", f"{head} {tail}", T0 + 1)
+    assert FRAGMENT in kinds(copy) and {f.source_tenant for f in copy} == {"A"}
+    assert exchange(engine, "A", "a-2", question, f"Again: {tail}", T0 + 2) == []
+    control = exchange(engine, "C", "c-1", "Tips?", f"Note: {tail}", T0 + 3)
+    assert ENTITY in kinds(control) and {f.source_tenant for f in control} == {"A", "B"}
+
+
 def test_an_iban_cut_short_by_the_page_is_still_that_account():
     iban = "GB12 WEST 1234 5698 7654 31"
     engine = make_engine()

@@ -2149,6 +2149,8 @@ cdef class DeltaScanner:
                     same = response._same_question(value >> 1)
                 if same:
                     return []  # the answer to the same question: explained, whoever has it
+                if record.carries is not None and response.tenant in record.carries:
+                    return []  # an answer found to hold this tenant's answer (_carried)
             tenants.add(record.tenant)
             foreign.append(value)
         if response.tenant in tenants or len(tenants) >= self.common_tenants:
@@ -2196,7 +2198,7 @@ cdef class DeltaScanner:
             record = self.requests.get(value >> 1)
             if record is None or not self._enough(state, run, value & 1):
                 continue
-            finding = response._fragment_finding(state, choice, run, record)
+            finding = response._fragment_finding(state, choice, run, record, value & 1)
             if finding is not None:
                 found.append(finding)
         if found:
@@ -2726,7 +2728,9 @@ cdef class EntityFeed:
 cdef class RequestRecord:
     """A prompt of the window: who sent it, when, its bottom-k signature of private
     fingerprints, its digest, and the sorted unit hashes of its non-plain words and
-    numbers (``detector.PROMPT_UNITS_KEPT`` at most). Immutable."""
+    numbers (``detector.PROMPT_UNITS_KEPT`` at most). Immutable, but for ``carries``:
+    the tenants whose answers its output was found to hold (None: none so far), which
+    makes that output's text theirs as well (``ResponseScan._carried``)."""
 
     cdef readonly str tenant
     cdef readonly str request_id
@@ -2734,6 +2738,7 @@ cdef class RequestRecord:
     cdef readonly object signature
     cdef readonly bytes prompt_digest
     cdef readonly object prompt_units
+    cdef public set carries
 
     def __init__(self, str tenant, str request_id, double time, signature,
                  bytes prompt_digest, prompt_units):

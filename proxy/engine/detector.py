@@ -927,6 +927,23 @@ class ResponseScan(_core.ScanFields):
             return None
         return record
 
+    def _carries(self, tenant: str) -> None:
+        """This output holds an answer of ``tenant``'s (a mis-routed or leaked copy).
+        The engine may have seen only part of that answer (its stream was cut, or it
+        went to this request alone): the rest, seen only here, is ``tenant``'s as much
+        as this output's, and ``tenant`` writing it again is not a leak of this one."""
+        own = self.engine._requests.get(self.slot)
+        if own is not None:
+            if own.carries is None:
+                own.carries = set()
+            own.carries.add(tenant)
+
+    def _carried(self, record: RequestRecord) -> bool:
+        """``record``'s output was found to hold an answer of this response's tenant:
+        its text explains this output as this tenant's own (a trade-off: a later leak
+        of that output's own words to the same tenant is seen only by its prompt's)."""
+        return record.carries is not None and self.tenant in record.carries
+
     def _same_question(self, slot: int) -> bool:
         """``Engine.similar_prompts`` of this request and ``slot``, once per slot: a
         response meets the same source on many of its k-grams."""
@@ -946,7 +963,7 @@ class ResponseScan(_core.ScanFields):
             record = self._source_record(value >> 1)
             if record is None:
                 continue  # expired
-            if value & 1 and self._same_question(value >> 1):
+            if value & 1 and (self._same_question(value >> 1) or self._carried(record)):
                 return []  # the answer to the same question: explained, whoever else has it
             tenants.add(record.tenant)
             foreign.append(value)
@@ -971,16 +988,25 @@ class ResponseScan(_core.ScanFields):
             record = self.engine._requests.get(value >> 1)
             if record is None or not self._enough(state, run, threshold, bool(value & 1)):
                 continue
-            if (finding := self._fragment_finding(state, choice, run, record)) is not None:
+            finding = self._fragment_finding(state, choice, run, record, bool(value & 1))
+            if finding is not None:
                 found.append(finding)
         self.findings += found
         return found
 
     def _fragment_finding(
-        self, state: _ChoiceState, choice: int, run: _core.Run, record: RequestRecord
+        self,
+        state: _ChoiceState,
+        choice: int,
+        run: _core.Run,
+        record: RequestRecord,
+        of_output: bool,
     ) -> Finding | None:
         """The finding of a run that is evidence, unless its source tenant was reported
-        already (once per tenant and response)."""
+        already (once per tenant and response). A run of another request's output
+        makes this output one that carries that tenant's answer (``_carried``)."""
+        if of_output:
+            self._carries(record.tenant)
         if (FRAGMENT, record.tenant) in self._reported:
             return None
         self._reported.add((FRAGMENT, record.tenant))
@@ -1097,7 +1123,7 @@ class ResponseScan(_core.ScanFields):
             record = self.engine._requests.get(slot) if is_canary else self._source_record(slot)
             if record is None:
                 continue
-            if value & 1 and self._same_question(slot):
+            if value & 1 and (self._same_question(slot) or self._carried(record)):
                 if is_canary:
                     continue
                 return []
