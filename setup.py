@@ -1,5 +1,6 @@
-"""Builds crosstalk's compiled core (``proxy/engine/_core.pyx``, Cython) with the
-machine's C compiler; everything else about the package is in ``pyproject.toml``.
+"""Builds crosstalk's compiled parts (``proxy/engine/_core.pyx``, the engine's core, and
+``proxy/protocols/_wire.pyx``, the SSE decoder's step; Cython) with the machine's C
+compiler; everything else about the package is in ``pyproject.toml``.
 
 Without a working C compiler the install stops with a message that names what to
 install, instead of a compiler's traceback.
@@ -15,8 +16,8 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 TOOLCHAIN_ERRORS = (CCompilerError, ExecError, PlatformError)
 
 NO_COMPILER = """
-crosstalk: building the compiled core (proxy/engine/_core.pyx) needs a C compiler and
-Python's headers, and this one failed:
+crosstalk: building the compiled parts (proxy/engine/_core.pyx, proxy/protocols/_wire.pyx)
+needs a C compiler and Python's headers, and this one failed:
 
     {error}
 
@@ -39,6 +40,9 @@ class BuildCore(build_ext):
 
 
 setup(
-    ext_modules=[Extension("proxy.engine._core", ["proxy/engine/_core.pyx"])],
+    ext_modules=[
+        Extension("proxy.engine._core", ["proxy/engine/_core.pyx"]),
+        Extension("proxy.protocols._wire", ["proxy/protocols/_wire.pyx"]),
+    ],
     cmdclass={"build_ext": BuildCore},
 )

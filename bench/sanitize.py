@@ -1,15 +1,16 @@
-"""The compiled core under AddressSanitizer and UndefinedBehaviorSanitizer (issue 16's
+"""The compiled parts under AddressSanitizer and UndefinedBehaviorSanitizer (issue 16's
 memory-safety run; not in CI: a sanitized build and a slowed test run).
 
-Builds ``proxy/engine/_core.pyx`` with ``-fsanitize=address,undefined`` (the ordinary
-``pip wheel`` of a copy of the tree, so Cython comes from the build requirements), puts
-that extension into the copy, and runs the tests that drive the core there, with the
+Builds ``proxy/engine/_core.pyx`` and ``proxy/protocols/_wire.pyx`` with
+``-fsanitize=address,undefined`` (the ordinary ``pip wheel`` of a copy of the tree, so
+Cython comes from the build requirements), puts those extensions into the copy, and runs
+the tests that drive them there, with the
 sanitizers' runtimes preloaded into Python and Python's allocator switched to plain
 ``malloc`` (``PYTHONMALLOC=malloc``): every buffer the core reads or writes is then one
 ASan tracks, including the ones Python objects own. Leak checking is off: CPython frees
 little at exit by design, which LeakSanitizer would report as thousands of leaks.
 
-    python bench/sanitize.py [TEST ...]      # default: the core's parity and engine tests
+    python bench/sanitize.py [TEST ...]      # default: parity, engine, SSE and fuzz tests
 
 Exit status 0 when the tests pass and no sanitizer reported anything, 1 otherwise.
 """
@@ -28,10 +29,18 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The core's parity tests, the engine's, and the parsers' fuzz targets: deterministic. The
-# end-to-end tests also reach the core, but compare live streams whose interleaving the
-# sanitizers' slowdown changes (test_replay failed so once, with no sanitizer report).
-DEFAULT_TESTS = ("tests/test_core_parity.py", "tests/test_engine.py", "tests/test_fuzz.py")
+# The core's parity tests, the engine's, the SSE decoder's, and the parsers' fuzz targets:
+# deterministic. The end-to-end tests also reach the core, but compare live streams whose
+# interleaving the sanitizers' slowdown changes (test_replay failed so once, with no
+# sanitizer report).
+DEFAULT_TESTS = (
+    "tests/test_core_parity.py",
+    "tests/test_engine.py",
+    "tests/test_sse.py",
+    "tests/test_fuzz.py",
+)
+# The compiled extensions of the package, each checked to be the sanitized one.
+EXTENSIONS = ("proxy.engine._core", "proxy.protocols._wire")
 # A double free through ctypes: the preloaded runtime must report it, or it is not active.
 SELF_CHECK = (
     "import ctypes; libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; "
@@ -57,8 +66,8 @@ def runtime(name: str) -> str:
     return path
 
 
-def build(tree: Path, out: Path) -> Path:
-    """A sanitized wheel of ``tree``; its ``_core`` extension, unpacked into ``tree``."""
+def build(tree: Path, out: Path) -> list[Path]:
+    """A sanitized wheel of ``tree``; its extensions, unpacked into ``tree``."""
     env = {**os.environ, "CFLAGS": FLAGS, "LDFLAGS": "-fsanitize=address,undefined"}
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(tree)],
@@ -66,17 +75,20 @@ def build(tree: Path, out: Path) -> Path:
     )  # fmt: skip
     (wheel,) = out.glob("crosstalk-*.whl")
     with zipfile.ZipFile(wheel) as z:
-        (member,) = [n for n in z.namelist() if re.match(r"proxy/engine/_core\..*\.so$", n)]
-        z.extract(member, tree)
-    extension = tree / member
-    # The flags reached the compiler only if the extension calls the sanitizers' hooks.
-    symbols = subprocess.run(
-        ["nm", "-D", "--undefined-only", str(extension)], capture_output=True, text=True,
-        check=True,
-    ).stdout  # fmt: skip
-    if "__asan_" not in symbols or "__ubsan_handle_" not in symbols:
-        raise SystemExit(f"sanitize: {extension.name} was built without the sanitizers")
-    return extension
+        members = [n for n in z.namelist() if n.endswith(".so")]
+        z.extractall(tree, members)
+    extensions = [tree / member for member in members]
+    if len(extensions) != len(EXTENSIONS):
+        raise SystemExit(f"sanitize: the wheel's extensions are {members}")
+    for extension in extensions:
+        # The flags reached the compiler only if the extension calls the sanitizers' hooks.
+        symbols = subprocess.run(
+            ["nm", "-D", "--undefined-only", str(extension)], capture_output=True, text=True,
+            check=True,
+        ).stdout  # fmt: skip
+        if "__asan_" not in symbols or "__ubsan_handle_" not in symbols:
+            raise SystemExit(f"sanitize: {extension.name} was built without the sanitizers")
+    return extensions
 
 
 def main() -> int:
@@ -88,8 +100,9 @@ def main() -> int:
         tree = Path(tmp) / "src"
         shutil.copytree(ROOT, tree, ignore=SKIP)
         started = time.monotonic()
-        extension = build(tree, Path(tmp) / "wheel")
-        print(f"sanitized build: {extension.name} in {time.monotonic() - started:.0f} s")
+        extensions = build(tree, Path(tmp) / "wheel")
+        names = ", ".join(e.name for e in extensions)
+        print(f"sanitized build: {names} in {time.monotonic() - started:.0f} s")
         env = {
             **os.environ,
             "LD_PRELOAD": preload,
@@ -100,10 +113,11 @@ def main() -> int:
         }
         # The copy, not the editable install, must be what the tests import.
         where = subprocess.run(
-            [sys.executable, "-c", "import proxy.engine._core as c; print(c.__file__)"],
+            [sys.executable, "-c", "import importlib\n"
+             f"for name in {EXTENSIONS!r}: print(importlib.import_module(name).__file__)"],
             cwd=tree, env=env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        if Path(where.stdout.strip()) != extension:
+        if sorted(map(Path, where.stdout.split())) != sorted(extensions):
             print(f"sanitize: the tests would import {where.stdout.strip() or where.stderr}")
             return 1
         check = subprocess.run(

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.protocols import reference
 from proxy.protocols.sse import SSEDecoder, SSEEvent
 
 
@@ -314,3 +315,38 @@ def test_chunks_cut_between_events_decode_as_one_byte_at_a_time(blocks: list[byt
     chunks = [block + b"\n\n" for block in blocks]
     blob = b"".join(chunks)
     assert decode(*chunks) == decode(*[blob[i : i + 1] for i in range(len(blob))])
+
+
+# --- the compiled decoder and its Python reference -----------------------------------------
+
+
+def both_decode(chunks: list[bytes]) -> None:
+    """The compiled decoder and ``reference.SSEDecoder`` return the same events after
+    every chunk, the same ``truncated`` and ``bytes_seen``, and both refuse a feed
+    after close."""
+    compiled, python = SSEDecoder(), reference.SSEDecoder()
+    for chunk in chunks:
+        assert compiled.feed(chunk) == python.feed(chunk)
+    assert compiled.close() == python.close()
+    assert (compiled.truncated, compiled.bytes_seen) == (python.truncated, python.bytes_seen)
+    assert compiled.close() == python.close() == []
+    for decoder in (compiled, python):
+        with pytest.raises(RuntimeError):
+            decoder.feed(b"data: x\n\n")
+
+
+@given(
+    st.one_of(sse_streams().map(lambda s: s[0]), _noisy_bytes, st.binary(max_size=80)), st.data()
+)
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+def test_the_compiled_decoder_is_the_reference_one(blob: bytes, data: st.DataObject) -> None:
+    cuts = data.draw(st.lists(st.integers(0, len(blob)), max_size=12))
+    both_decode(split_at(blob, cuts))
+
+
+def test_the_compiled_decoder_is_the_reference_one_on_every_split_of_mixed() -> None:
+    for i in range(len(MIXED) + 1):
+        for j in range(i, len(MIXED) + 1):
+            both_decode([MIXED[:i], MIXED[i:j], MIXED[j:]])
+    both_decode([MIXED[i : i + 1] for i in range(len(MIXED))])
+    both_decode([bytearray(MIXED), bytearray(b"data: x\n\n")])
