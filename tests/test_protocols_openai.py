@@ -7,6 +7,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
@@ -646,3 +648,79 @@ def test_error_body_and_event() -> None:
     event = error_event('Leak "blocked"\nline 2', type="crosstalk_error", code="cross_tenant_leak")
     assert event == b"data: " + raw + b"\n\n"
     assert event.count(b"\n") == 2  # one data line, then the blank line
+
+
+# --- the compiled step and the Python one --------------------------------------------------
+
+_text = st.sampled_from(["Hi", "", " there", "caf\u00e9 \u20ac", "\U0001f600", "a\nb"])
+_odd = st.sampled_from([None, 0, 1, True, 2.5, [], {}, [1], {"x": 1}, "x"])
+_delta = st.one_of(
+    st.none(),
+    _odd,
+    st.fixed_dictionaries({"content": _text}),
+    st.fixed_dictionaries({"role": st.just("assistant"), "content": _text}),
+    st.fixed_dictionaries({"role": st.just("assistant")}),
+    # Two keys, the shape the compiled step reads when the other one is "role".
+    st.builds(
+        lambda key, content, other: {"content": content, key: other},
+        st.sampled_from(["role", "reasoning_content", "reasoning", "refusal", "tool_calls"]),
+        st.one_of(_text, _odd),
+        st.one_of(_text, _odd),
+    ),
+    st.fixed_dictionaries({"content": st.one_of(_text, _odd)}, optional={"role": _odd}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "content": st.one_of(_text, _odd),
+            "reasoning_content": _text,
+            "reasoning": _text,
+            "refusal": _text,
+            "tool_calls": st.one_of(_odd, st.just([{"function": {"arguments": "{}"}}])),
+            "x": _odd,
+        },
+    ),
+)
+_choice = st.one_of(
+    _odd,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "index": st.one_of(st.integers(0, 2), _odd),
+            "delta": _delta,
+            "text": st.one_of(_text, _odd),
+            "finish_reason": st.one_of(st.sampled_from(["stop", "length"]), _odd),
+        },
+    ),
+)
+_chunk = st.one_of(
+    st.fixed_dictionaries(
+        {"choices": st.lists(_choice, max_size=3)},
+        optional={
+            "model": st.one_of(st.just("m1"), st.just("m2"), _odd),
+            "object": st.sampled_from(["chat.completion.chunk", "error"]),
+            "error": st.one_of(_odd, st.just({"message": "boom"})),
+        },
+    ),
+    st.fixed_dictionaries({}, optional={"choices": _odd, "model": _odd}),
+)
+_event_data = st.one_of(
+    _chunk.map(lambda c: orjson.dumps(c).decode()),
+    st.sampled_from(
+        ["", " ", "[DONE]", " [DONE]", "{", '{"a":', "[1]", "1", '"x"', ' {"choices": []}']
+    ),
+)
+
+
+@given(st.sampled_from(["chat", "completions"]), st.lists(_event_data, max_size=8))
+@settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
+@example("chat", ['{"choices":[{"delta":{"content":"c","reasoning_content":"r"}}]}'])
+@example("chat", ['{"model":"m","choices":[{"index":true,"delta":{"content":"c"}}]}'])
+@example("completions", ['{"choices":[{"text":"a","finish_reason":"stop"},{"text":3}]}'])
+def test_the_compiled_step_reads_events_as_the_python_one(route: str, data: list[str]) -> None:
+    """``feed`` (the compiled step, and the Python one for the events it declines) and
+    ``read_event`` (Python only) return the same deltas and leave the same state."""
+    compiled, python = StreamParser(route), StreamParser(route)
+    for item in data:
+        event = SSEEvent(item)
+        assert compiled.feed(event) == python.read_event(event), item
+        assert compiled == python, item

@@ -199,3 +199,77 @@ cdef class SSEDecoderCore:
             self.event_type,
             (data[0] if len(data) == 1 else "\n".join(data), event, self._last_id, retry),
         )
+
+
+# --- an OpenAI stream's events ------------------------------------------------------------
+
+import orjson
+
+cdef object json_loads = orjson.loads
+cdef object JSONDecodeError = orjson.JSONDecodeError
+
+
+def openai_event_deltas(parser, str data, str route, delta_type):
+    """The output deltas of one OpenAI stream event (``data``, its SSE data) of the shape
+    nearly every event has: a JSON object with a ``choices`` list whose choices carry a
+    ``delta`` of at most two keys, ``content`` a string and the other ``role`` (chat), or
+    a string or null ``text`` (completions). Records the event's ``model`` and finish
+    reasons on ``parser`` as ``openai.StreamParser.read_event`` does, and returns what it
+    returns (``delta_type(choice, text)`` each). Any other event (empty, ``[DONE]``, not
+    JSON, an error, a field of another type or shape) is None, and changes nothing: the
+    Python step reads it whole."""
+    if not data or data[0] != "{":
+        return None
+    try:
+        obj = json_loads(data)
+    except JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    cdef dict event = <dict>obj
+    if event.get("error") is not None or event.get("object") == "error":
+        return None
+    choices = event.get("choices")
+    if type(choices) is not list:
+        return None
+    cdef bint chat = route == "chat"
+    cdef list out = [], finishes = []
+    cdef Py_ssize_t position = 0
+    cdef dict delta
+    for choice in <list>choices:
+        if type(choice) is not dict:
+            return None
+        index = (<dict>choice).get("index", position)
+        position += 1
+        if type(index) is not int:
+            return None  # a bool, or not a number: malformed
+        if chat:
+            value = (<dict>choice).get("delta")
+            if value is not None:
+                if type(value) is not dict or len(<dict>value) > 2:
+                    return None
+                delta = <dict>value
+                text = delta.get("content")
+                if type(text) is not str or not (len(delta) == 1 or "role" in delta):
+                    return None
+                if text:
+                    out.append(tuple_new(delta_type, (index, text)))
+        else:
+            text = (<dict>choice).get("text")
+            if type(text) is str:
+                if text:
+                    out.append(tuple_new(delta_type, (index, text)))
+            elif text is not None:
+                return None
+        finish = (<dict>choice).get("finish_reason")
+        if type(finish) is str:
+            finishes.append((index, finish))
+    if parser.model is None:
+        model = event.get("model")
+        if type(model) is str:
+            parser.model = model
+    if finishes:
+        reasons = parser.finish_reasons
+        for index, finish in finishes:
+            reasons[index] = finish
+    return out

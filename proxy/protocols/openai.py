@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
+from proxy.protocols._wire import openai_event_deltas
 from proxy.protocols.chat_templates import conversation_texts
 from proxy.protocols.sse import SSEEvent
 
@@ -254,7 +255,14 @@ class StreamParser:
     malformed_events: int = 0
 
     def feed(self, event: SSEEvent) -> list[OutputDelta]:
-        """Consume one SSE event and return the output text it carries. Never raises."""
+        """Consume one SSE event and return the output text it carries. Never raises.
+        The compiled step (``_wire.openai_event_deltas``) reads an event of the usual
+        shape; :meth:`read_event`, the reference it is held to, reads any other."""
+        deltas = openai_event_deltas(self, event.data, self.route, OutputDelta)
+        return self.read_event(event) if deltas is None else deltas
+
+    def read_event(self, event: SSEEvent) -> list[OutputDelta]:
+        """``feed``, in Python: any event, whatever its shape."""
         obj = event_object(event)
         if not isinstance(obj, dict):
             self.done |= obj == DONE_MARKER
