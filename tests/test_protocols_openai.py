@@ -711,11 +711,75 @@ _event_data = st.one_of(
 )
 
 
-@given(st.sampled_from(["chat", "completions"]), st.lists(_event_data, max_size=8))
+_content = st.text(
+    alphabet=st.sampled_from(
+        ["a", " ", "é", "€", "😀", '"', "\\", "\n", "\x00", "\x1f", "/", "\ufeff"]
+    ),
+    max_size=6,
+)
+
+
+@st.composite
+def _stream_of_one_shape(draw: st.DrawFn) -> list[str]:
+    """Events of one shape with another string each, as a server sends them: the string
+    written as orjson does, escaped to ASCII, or inserted raw (invalid JSON when it holds a
+    quote, a backslash or a control character); now and then an event of another shape."""
+    key = draw(
+        st.sampled_from(
+            ['"delta":{"content":%s}', '"delta":{"role":"assistant","content":%s}', '"text":%s']
+        )
+    )
+    index = draw(st.sampled_from(["", '"index":0,', '"index":1,', '"index":true,']))
+    finish = draw(st.sampled_from(["null", '"stop"', "3"]))
+    shape = (
+        '{"id":"c1","model":"m","choices":[{' + index + key + ',"finish_reason":' + finish + "}]}"
+    )
+    events = []
+    for content in draw(st.lists(_content, max_size=10)):
+        how = draw(st.sampled_from(["orjson", "ascii", "raw", "other"]))
+        if how == "other":
+            events.append(draw(_event_data))
+            continue
+        written = {
+            "orjson": lambda c: orjson.dumps(c).decode(),
+            "ascii": json.dumps,
+            "raw": lambda c: f'"{c}"',
+        }[how](content)
+        events.append(shape.replace("%s", written))
+    return events
+
+
+@given(
+    st.sampled_from(["chat", "completions"]),
+    st.lists(_event_data, max_size=8) | _stream_of_one_shape(),
+)
 @settings(max_examples=1500, suppress_health_check=[HealthCheck.too_slow])
 @example("chat", ['{"choices":[{"delta":{"content":"c","reasoning_content":"r"}}]}'])
 @example("chat", ['{"model":"m","choices":[{"index":true,"delta":{"content":"c"}}]}'])
 @example("completions", ['{"choices":[{"text":"a","finish_reason":"stop"},{"text":3}]}'])
+@example(
+    "chat",
+    ['{"choices":[{"delta":{"content":"a"}}]}', '{"choices":[{"delta":{"content":"b\\"c"}}]}'],
+)
+@example(
+    "chat",
+    ['{"choices":[{"delta":{"content":"a"}}]}', '{"choices":[{"delta":{"content":"\x01"}}]}'],
+)
+@example(  # the template's finish reason, after another event's
+    "chat",
+    [
+        '{"choices":[{"delta":{"content":"a"},"finish_reason":"stop"}]}',
+        '{"choices":[{"delta":{"role":"assistant","content":""},"finish_reason":"length"}]}',
+        '{"choices":[{"delta":{"content":"b"},"finish_reason":"stop"}]}',
+    ],
+)
+@example(  # the output string's text also in another field
+    "chat",
+    [
+        '{"content":"a","choices":[{"delta":{"content":"a"}}]}',
+        '{"content":"zz","choices":[{"delta":{"content":"a"}}]}',
+    ],
+)
 def test_the_compiled_step_reads_events_as_the_python_one(route: str, data: list[str]) -> None:
     """``feed`` (the compiled step, and the Python one for the events it declines) and
     ``read_event`` (Python only) return the same deltas and leave the same state."""

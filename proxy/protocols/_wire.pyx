@@ -209,6 +209,55 @@ cdef object json_loads = orjson.loads
 cdef object JSONDecodeError = orjson.JSONDecodeError
 
 
+cdef bint plain_json_text(str text, Py_ssize_t start, Py_ssize_t end):
+    """Whether ``text[start:end]`` is, as it stands, the body of a JSON string: no quote,
+    backslash or control character (which JSON escapes), so it decodes to itself."""
+    cdef Py_UCS4 c
+    cdef Py_ssize_t i
+    for i in range(start, end):
+        c = text[i]
+        if c < 0x20 or c == 0x22 or c == 0x5C:
+            return False
+    return True
+
+
+cdef object same_but_text(str data, tuple template, delta_type, parser):
+    """The deltas of an event that is the template's event but for its one output
+    string, which is plain JSON string content here too; else None. The prefix and the
+    suffix are the template's text before and after that string: equal, they hold the
+    same JSON, so the event reads as the template's with another string."""
+    cdef str prefix = template[0], suffix = template[1]
+    cdef Py_ssize_t n = len(data), a = len(prefix), b = len(suffix)
+    if (
+        n < a + b
+        or not PyUnicode_Tailmatch(data, prefix, 0, n, -1)
+        or not PyUnicode_Tailmatch(data, suffix, 0, n, 1)
+        or not plain_json_text(data, a, n - b)
+    ):
+        return None
+    index, finish = template[2], template[3]
+    if finish is not None:
+        parser.finish_reasons[index] = finish
+    if n - b == a:
+        return []
+    return [tuple_new(delta_type, (index, data[a : n - b]))]
+
+
+cdef object template_of(str data, str key, str text, index, finish):
+    """The template of an event whose one output string, ``text``, is the value of
+    ``key``: the text before and after it, when ``"key":"text"`` occurs once in the
+    event, as it stands (no space, no escape); else None."""
+    cdef Py_ssize_t length = len(text)
+    if not plain_json_text(text, 0, length):
+        return None
+    cdef str marker = '"' + key + '":"' + text + '"'
+    cdef Py_ssize_t at = PyUnicode_Find(data, marker, 0, len(data), 1)
+    if at < 0 or PyUnicode_Find(data, marker, at + 1, len(data), 1) >= 0:
+        return None
+    cdef Py_ssize_t start = at + len(key) + 4
+    return (data[:start], data[start + length :], index, finish)
+
+
 def openai_event_deltas(parser, str data, str route, delta_type):
     """The output deltas of one OpenAI stream event (``data``, its SSE data) of the shape
     nearly every event has: a JSON object with a ``choices`` list whose choices carry a
@@ -217,7 +266,17 @@ def openai_event_deltas(parser, str data, str route, delta_type):
     reasons on ``parser`` as ``openai.StreamParser.read_event`` does, and returns what it
     returns (``delta_type(choice, text)`` each). Any other event (empty, ``[DONE]``, not
     JSON, an error, a field of another type or shape) is None, and changes nothing: the
-    Python step reads it whole."""
+    Python step reads it whole.
+
+    A stream's events differ mostly in their text: an event of one choice and one output
+    string is kept as ``parser.template``, and the next one that is the same text around
+    another plain string is answered without parsing its JSON (half of this step's
+    time)."""
+    cdef tuple template = parser.template
+    if template is not None:
+        found = same_but_text(data, template, delta_type, parser)
+        if found is not None:
+            return found
     if not data or data[0] != "{":
         return None
     try:
@@ -235,7 +294,7 @@ def openai_event_deltas(parser, str data, str route, delta_type):
     cdef bint chat = route == "chat"
     cdef list out = [], finishes = []
     cdef Py_ssize_t position = 0
-    cdef dict delta
+    cdef object one_text = None  # the output string of a choice that has one alone
     for choice in <list>choices:
         if type(choice) is not dict:
             return None
@@ -248,15 +307,17 @@ def openai_event_deltas(parser, str data, str route, delta_type):
             if value is not None:
                 if type(value) is not dict or len(<dict>value) > 2:
                     return None
-                delta = <dict>value
-                text = delta.get("content")
-                if type(text) is not str or not (len(delta) == 1 or "role" in delta):
+                text = (<dict>value).get("content")
+                if type(text) is not str or not (len(<dict>value) == 1 or "role" in value):
                     return None
+                if len(<dict>value) == 1:
+                    one_text = text
                 if text:
                     out.append(tuple_new(delta_type, (index, text)))
         else:
             text = (<dict>choice).get("text")
             if type(text) is str:
+                one_text = text
                 if text:
                     out.append(tuple_new(delta_type, (index, text)))
             elif text is not None:
@@ -272,4 +333,8 @@ def openai_event_deltas(parser, str data, str route, delta_type):
         reasons = parser.finish_reasons
         for index, finish in finishes:
             reasons[index] = finish
+    if position == 1 and one_text is not None:
+        parser.template = template_of(
+            data, "content" if chat else "text", one_text, index, finishes[0][1] if finishes else None
+        )
     return out

@@ -253,6 +253,11 @@ class StreamParser:
     model: str | None = None
     finish_reasons: dict[int, str] = field(default_factory=dict)
     malformed_events: int = 0
+    # The compiled step's last event of the usual shape, as the text around its one
+    # output string (``_wire.openai_event_deltas``): not part of the parser's state.
+    template: tuple[str, str, int, str | None] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def feed(self, event: SSEEvent) -> list[OutputDelta]:
         """Consume one SSE event and return the output text it carries. Never raises.
