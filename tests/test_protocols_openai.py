@@ -780,6 +780,15 @@ def _stream_of_one_shape(draw: st.DrawFn) -> list[str]:
         '{"content":"zz","choices":[{"delta":{"content":"a"}}]}',
     ],
 )
+@example(  # ... only there as it stands: the choice's is spaced, or escaped
+    "chat",
+    [
+        '{"x":{"content":"a"},"choices":[{"delta":{"content": "a"}}]}',
+        '{"x":{"content":"zz"},"choices":[{"delta":{"content": "a"}}]}',
+        '{"x":{"content":"\u00e9"},"choices":[{"delta":{"content":"\\u00e9"}}]}',
+        '{"x":{"content":"zz"},"choices":[{"delta":{"content":"\\u00e9"}}]}',
+    ],
+)
 def test_the_compiled_step_reads_events_as_the_python_one(route: str, data: list[str]) -> None:
     """``feed`` (the compiled step, and the Python one for the events it declines) and
     ``read_event`` (Python only) return the same deltas and leave the same state."""

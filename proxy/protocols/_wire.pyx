@@ -1,11 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The per-event step of a streamed response, compiled (issue 16): SSE decoding.
+"""The per-event steps of a streamed response, compiled (issue 16): SSE decoding, and
+reading an OpenAI stream's events.
 
-Every event of every stream is decoded here, a hundred or more per answer: in the
-Python decoder each took ~1.2 us, a tenth of a replay's time. ``SSEDecoderCore`` does
-what ``proxy.protocols.reference.SSEDecoder`` does, step for step;
-``proxy.protocols.sse.SSEDecoder`` is the class the proxy uses, and ``tests/test_sse.py``
-holds both to the same events on every input it tries.
+Every event of every stream is decoded and read here, a hundred or more per answer: in
+Python they took ~1.2 and ~2.5 us an event, a fifth of a replay's time.
+``SSEDecoderCore`` does what ``proxy.protocols.reference.SSEDecoder`` does, step for
+step (``proxy.protocols.sse.SSEDecoder`` is the class the proxy uses; ``tests/test_sse.py``
+holds the two to the same events). ``openai_event_deltas`` reads the events of the usual
+shape and declines the others, which ``openai.StreamParser.read_event`` reads
+(``tests/test_protocols_openai.py`` holds the two to the same deltas and state).
 """
 
 import codecs
@@ -243,19 +246,32 @@ cdef object same_but_text(str data, tuple template, delta_type, parser):
     return [tuple_new(delta_type, (index, data[a : n - b]))]
 
 
-cdef object template_of(str data, str key, str text, index, finish):
-    """The template of an event whose one output string, ``text``, is the value of
-    ``key``: the text before and after it, when ``"key":"text"`` occurs once in the
-    event, as it stands (no space, no escape); else None."""
+cdef object template_of(str data, bint chat, str text, index, finish):
+    """The template of an event of one choice whose one output string is ``text``: the
+    text before and after that string, found as ``"content":"text"`` (``"text":`` for
+    completions) as it stands; else None. The string found there must be the choice's,
+    not an equal one of another field (the choice's may be spaced or escaped): the
+    event is read again with another string in its place, once a template, not once an
+    event."""
     cdef Py_ssize_t length = len(text)
     if not plain_json_text(text, 0, length):
         return None
-    cdef str marker = '"' + key + '":"' + text + '"'
-    cdef Py_ssize_t at = PyUnicode_Find(data, marker, 0, len(data), 1)
-    if at < 0 or PyUnicode_Find(data, marker, at + 1, len(data), 1) >= 0:
+    cdef str key = "content" if chat else "text"
+    cdef Py_ssize_t at = PyUnicode_Find(data, '"' + key + '":"' + text + '"', 0, len(data), 1)
+    if at < 0:
         return None
     cdef Py_ssize_t start = at + len(key) + 4
-    return (data[:start], data[start + length :], index, finish)
+    cdef str prefix = data[:start], suffix = data[start + length :], probe = text + "."
+    try:
+        choice = json_loads(prefix + probe + suffix)["choices"][0]
+    except (JSONDecodeError, LookupError, TypeError):
+        return None
+    if type(choice) is not dict:
+        return None
+    value = (<dict>choice).get("delta") if chat else choice
+    if type(value) is not dict or (<dict>value).get(key) != probe:
+        return None
+    return (prefix, suffix, index, finish)
 
 
 def openai_event_deltas(parser, str data, str route, delta_type):
@@ -335,6 +351,6 @@ def openai_event_deltas(parser, str data, str route, delta_type):
             reasons[index] = finish
     if position == 1 and one_text is not None:
         parser.template = template_of(
-            data, "content" if chat else "text", one_text, index, finishes[0][1] if finishes else None
+            data, chat, one_text, index, finishes[0][1] if finishes else None
         )
     return out
