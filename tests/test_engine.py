@@ -1467,6 +1467,38 @@ def test_an_answer_found_to_carry_a_tenants_answer_holds_that_tenants_text():
     assert ENTITY in kinds(control) and {f.source_tenant for f in control} == {"A", "B"}
 
 
+@pytest.mark.parametrize("holder", ["copy's prompt", "third tenant's prompt"])
+def test_a_copy_of_a_tenants_answer_does_not_hide_what_prompts_hold(holder):
+    """B's answer carries A's answer (a finding) and also a record of B's user's, which
+    B's prompt or a third tenant's holds. That record in A's next answer is still a leak
+    of its prompt's (found in review: the copy explained the k-grams away whoever else
+    held them). Control: without the copy, the same."""
+    question = "Summarise the Vividfield Foods deadline and the reference of my invoice."
+    head = (
+        "Vividfield Foods moves the Halvorsen deadline to 13 May. The amount due is "
+        "8,168.78, scheduled for August. Order ORD-2026-641211 was placed by Noor Thibodeau."
+    )
+    secret = (
+        "Patient Orla Brennigan, record MRN-55-2038-771, was prescribed 40 mg of Zorvexil "
+        "on 3 March at the Quillmoor clinic, account 7731-0094."
+    )
+    for copied in (True, False):
+        engine = make_engine()
+        exchange(engine, "A", "a-1", question, head, T0)
+        if holder == "copy's prompt":
+            prompt_b, source = f"Draft a referral letter. Details: {secret}", "B"
+        else:
+            prompt_b, source = "Draft a referral letter.", "C"
+            exchange(engine, "C", "c-1", f"Check this record: {secret}", "Checked.", T0 + 0.5)
+        answer_b = f"{head} Referral: {secret} Kind regards." if copied else f"Referral: {secret}"
+        copy = exchange(engine, "B", "b-1", prompt_b, answer_b, T0 + 1)
+        assert ("A" in {f.source_tenant for f in copy}) == copied
+        found = exchange(
+            engine, "A", "a-2", "A poem about autumn leaves?", f"Here: {secret}", T0 + 2
+        )
+        assert source in {f.source_tenant for f in found}, (copied, found)
+
+
 def test_an_iban_cut_short_by_the_page_is_still_that_account():
     iban = "GB12 WEST 1234 5698 7654 31"
     engine = make_engine()

@@ -789,6 +789,13 @@ def _stream_of_one_shape(draw: st.DrawFn) -> list[str]:
         '{"x":{"content":"zz"},"choices":[{"delta":{"content":"\\u00e9"}}]}',
     ],
 )
+@example(  # a lone surrogate, which orjson refuses (review)
+    "chat",
+    [
+        '{"choices":[{"index":0,"delta":{"content":"Hi"}}]}',
+        '{"choices":[{"index":0,"delta":{"content":"a\ud800b"}}]}',
+    ],
+)
 def test_the_compiled_step_reads_events_as_the_python_one(route: str, data: list[str]) -> None:
     """``feed`` (the compiled step, and the Python one for the events it declines) and
     ``read_event`` (Python only) return the same deltas and leave the same state."""
@@ -797,3 +804,15 @@ def test_the_compiled_step_reads_events_as_the_python_one(route: str, data: list
         event = SSEEvent(item)
         assert compiled.feed(event) == python.read_event(event), item
         assert compiled == python, item
+
+
+def test_events_of_data_that_is_not_text_are_read_by_the_python_step() -> None:
+    """After a template is set, an event whose data is None or bytes is read as the
+    Python step reads it (found in review: the compiled step raised on None)."""
+    for data in (None, b'{"choices":[{"delta":{"content":"b"}}]}', b"[DONE]"):
+        compiled, python = StreamParser("chat"), StreamParser("chat")
+        first = SSEEvent('{"choices":[{"delta":{"content":"a"}}]}')
+        assert compiled.feed(first) == python.read_event(first)
+        assert compiled.template is not None
+        assert compiled.feed(SSEEvent(data)) == python.read_event(SSEEvent(data)), data
+        assert compiled == python

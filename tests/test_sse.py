@@ -350,3 +350,12 @@ def test_the_compiled_decoder_is_the_reference_one_on_every_split_of_mixed() -> 
             both_decode([MIXED[:i], MIXED[i:j], MIXED[j:]])
     both_decode([MIXED[i : i + 1] for i in range(len(MIXED))])
     both_decode([bytearray(MIXED), bytearray(b"data: x\n\n")])
+
+
+def test_feed_takes_bytes_and_refuses_what_is_not() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(memoryview(b"data: x\n\n")) == [SSEEvent("x")]
+    for chunk in (3, "data: x\n\n", None):
+        with pytest.raises(TypeError, match="takes bytes"):
+            decoder.feed(chunk)
+    assert decoder.bytes_seen == 9

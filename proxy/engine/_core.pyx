@@ -2150,7 +2150,7 @@ cdef class DeltaScanner:
                 if same:
                     return []  # the answer to the same question: explained, whoever has it
                 if record.carries is not None and response.tenant in record.carries:
-                    return []  # an answer found to hold this tenant's answer (_carried)
+                    continue  # a copy of this tenant's answer: no evidence (_carried)
             tenants.add(record.tenant)
             foreign.append(value)
         if response.tenant in tenants or len(tenants) >= self.common_tenants:

@@ -940,8 +940,9 @@ class ResponseScan(_core.ScanFields):
 
     def _carried(self, record: RequestRecord) -> bool:
         """``record``'s output was found to hold an answer of this response's tenant:
-        its text explains this output as this tenant's own (a trade-off: a later leak
-        of that output's own words to the same tenant is seen only by its prompt's)."""
+        its text is no evidence of a leak to this tenant (other holders of the same
+        text still are: the copy's own prompt, a third tenant's request). The cost: a
+        later leak of the words that output alone held, to the same tenant, is missed."""
         return record.carries is not None and self.tenant in record.carries
 
     def _same_question(self, slot: int) -> bool:
@@ -963,8 +964,10 @@ class ResponseScan(_core.ScanFields):
             record = self._source_record(value >> 1)
             if record is None:
                 continue  # expired
-            if value & 1 and (self._same_question(value >> 1) or self._carried(record)):
+            if value & 1 and self._same_question(value >> 1):
                 return []  # the answer to the same question: explained, whoever else has it
+            if value & 1 and self._carried(record):
+                continue  # a copy of this tenant's answer: no evidence (others may be)
             tenants.add(record.tenant)
             foreign.append(value)
         if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
@@ -1123,10 +1126,12 @@ class ResponseScan(_core.ScanFields):
             record = self.engine._requests.get(slot) if is_canary else self._source_record(slot)
             if record is None:
                 continue
-            if value & 1 and (self._same_question(slot) or self._carried(record)):
+            if value & 1 and self._same_question(slot):
                 if is_canary:
                     continue
                 return []
+            if value & 1 and self._carried(record):
+                continue  # a copy of this tenant's answer: no evidence (others may be)
             sources.append((tenant, record))
         return sources
 

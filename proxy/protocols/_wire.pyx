@@ -63,6 +63,8 @@ cdef class SSEDecoderCore:
         if self._closed:
             raise RuntimeError("SSEDecoder.feed() called after close()")
         if type(chunk) is not bytes:
+            if not isinstance(chunk, (bytearray, memoryview)):
+                raise TypeError(f"SSEDecoder.feed() takes bytes, not {type(chunk).__name__}")
             chunk = bytes(chunk)
         self.bytes_seen += len(<bytes>chunk)
         return self._feed_text(self._decode(chunk))
@@ -214,12 +216,13 @@ cdef object JSONDecodeError = orjson.JSONDecodeError
 
 cdef bint plain_json_text(str text, Py_ssize_t start, Py_ssize_t end):
     """Whether ``text[start:end]`` is, as it stands, the body of a JSON string: no quote,
-    backslash or control character (which JSON escapes), so it decodes to itself."""
+    backslash or control character (which JSON escapes), so it decodes to itself; and
+    no lone surrogate, which orjson refuses (text decoded from bytes holds none)."""
     cdef Py_UCS4 c
     cdef Py_ssize_t i
     for i in range(start, end):
         c = text[i]
-        if c < 0x20 or c == 0x22 or c == 0x5C:
+        if c < 0x20 or c == 0x22 or c == 0x5C or 0xD800 <= c <= 0xDFFF:
             return False
     return True
 
@@ -274,7 +277,7 @@ cdef object template_of(str data, bint chat, str text, index, finish):
     return (prefix, suffix, index, finish)
 
 
-def openai_event_deltas(parser, str data, str route, delta_type):
+def openai_event_deltas(parser, object data, str route, delta_type):
     """The output deltas of one OpenAI stream event (``data``, its SSE data) of the shape
     nearly every event has: a JSON object with a ``choices`` list whose choices carry a
     ``delta`` of at most two keys, ``content`` a string and the other ``role`` (chat), or
@@ -288,6 +291,8 @@ def openai_event_deltas(parser, str data, str route, delta_type):
     string is kept as ``parser.template``, and the next one that is the same text around
     another plain string is answered without parsing its JSON (half of this step's
     time)."""
+    if type(data) is not str:
+        return None
     cdef tuple template = parser.template
     if template is not None:
         found = same_but_text(data, template, delta_type, parser)
