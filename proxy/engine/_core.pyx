@@ -2729,8 +2729,8 @@ cdef class RequestRecord:
     """A prompt of the window: who sent it, when, its bottom-k signature of private
     fingerprints, its digest, and the sorted unit hashes of its non-plain words and
     numbers (``detector.PROMPT_UNITS_KEPT`` at most). Immutable, but for ``carries``:
-    the tenants whose answers its output was found to hold (None: none so far), which
-    makes that output's text theirs as well (``ResponseScan._carried``)."""
+    the tenants whose answers its output was found to hold (None: none so far), to
+    whom that output's text is no evidence of a leak (``ResponseScan._carried``)."""
 
     cdef readonly str tenant
     cdef readonly str request_id
