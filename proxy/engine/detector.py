@@ -964,10 +964,11 @@ class ResponseScan(_core.ScanFields):
             record = self._source_record(value >> 1)
             if record is None:
                 continue  # expired
-            if value & 1 and self._same_question(value >> 1):
-                return []  # the answer to the same question: explained, whoever else has it
-            if value & 1 and self._carried(record):
-                continue  # a copy of this tenant's answer: no evidence (others may be)
+            if value & 1:
+                if self._same_question(value >> 1):
+                    return []  # the answer to the same question: explained, whoever has it
+                if self._carried(record):
+                    continue  # a copy of this tenant's answer: no evidence (others may be)
             tenants.add(record.tenant)
             foreign.append(value)
         if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
@@ -1126,12 +1127,13 @@ class ResponseScan(_core.ScanFields):
             record = self.engine._requests.get(slot) if is_canary else self._source_record(slot)
             if record is None:
                 continue
-            if value & 1 and self._same_question(slot):
-                if is_canary:
-                    continue
-                return []
-            if value & 1 and self._carried(record):
-                continue  # a copy of this tenant's answer: no evidence (others may be)
+            if value & 1:
+                if self._same_question(slot):
+                    if is_canary:
+                        continue
+                    return []
+                if self._carried(record):
+                    continue  # a copy of this tenant's answer: no evidence (others may be)
             sources.append((tenant, record))
         return sources
 

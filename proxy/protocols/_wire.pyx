@@ -133,10 +133,7 @@ cdef class SSEDecoderCore:
         last = lines.pop()
         self._tail = [last] if last else []
         cdef list events = []
-        for line in lines:
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
+        self._lines(lines, events)
         return events
 
     cdef list _whole_events(self, str text):
@@ -153,20 +150,24 @@ cdef class SSEDecoderCore:
                 PyUnicode_Tailmatch(text, "data: ", start, end, -1)
                 and PyUnicode_FindChar(text, "\n", start, end, 1) < 0
             ):
-                events.append(
-                    tuple_new(self.event_type, (text[start + 6 : end], None, self._last_id, None))
-                )
+                events.append(self._make_event(text[start + 6 : end], None, None))
             else:
-                for line in text[start:end].split("\n"):
-                    event = self._line(line)
-                    if event is not None:
-                        events.append(event)
-                event = self._dispatch()  # the block's blank line
-                if event is not None:
-                    events.append(event)
+                lines = text[start:end].split("\n")
+                lines.append("")  # the block's blank line
+                self._lines(lines, events)
             if end == stop:
                 return events
             start = end + 2
+
+    cdef int _lines(self, list lines, list events) except -1:
+        for line in lines:
+            event = self._line(line)
+            if event is not None:
+                events.append(event)
+        return 0
+
+    cdef object _make_event(self, str data, event, retry):
+        return tuple_new(self.event_type, (data, event, self._last_id, retry))
 
     cdef object _line(self, str line):
         if not line:
@@ -200,10 +201,7 @@ cdef class SSEDecoderCore:
         self._has_fields = False
         if not data:
             return None
-        return tuple_new(
-            self.event_type,
-            (data[0] if len(data) == 1 else "\n".join(data), event, self._last_id, retry),
-        )
+        return self._make_event(data[0] if len(data) == 1 else "\n".join(data), event, retry)
 
 
 # --- an OpenAI stream's events ------------------------------------------------------------
@@ -325,6 +323,7 @@ def openai_event_deltas(parser, object data, str route, delta_type):
             return None  # a bool, or not a number: malformed
         if chat:
             value = (<dict>choice).get("delta")
+            text = None
             if value is not None:
                 if type(value) is not dict or len(<dict>value) > 2:
                     return None
@@ -333,16 +332,14 @@ def openai_event_deltas(parser, object data, str route, delta_type):
                     return None
                 if len(<dict>value) == 1:
                     one_text = text
-                if text:
-                    out.append(tuple_new(delta_type, (index, text)))
         else:
             text = (<dict>choice).get("text")
             if type(text) is str:
                 one_text = text
-                if text:
-                    out.append(tuple_new(delta_type, (index, text)))
             elif text is not None:
                 return None
+        if text:
+            out.append(tuple_new(delta_type, (index, text)))
         finish = (<dict>choice).get("finish_reason")
         if type(finish) is str:
             finishes.append((index, finish))

@@ -16,25 +16,8 @@ _BOM = "\ufeff"
 
 
 class SSEDecoder:
-    """Turn a byte stream, split at arbitrary points, into :class:`SSEEvent` objects.
-
-    Behaviour, following the spec:
-
-    * Lines end with ``\\r\\n``, ``\\n`` or ``\\r``. A ``\\r`` that ends one chunk and a ``\\n``
-      that starts the next are one line ending.
-    * UTF-8 is decoded incrementally (a character may be split across chunks); invalid bytes
-      become U+FFFD. A single byte-order mark at the start of the stream is dropped.
-    * Lines starting with ``:`` are comments (keep-alives) and are ignored, as are unknown
-      fields. ``field:value`` loses one space after the colon; a line without a colon is a
-      field name with an empty value.
-    * A blank line dispatches the pending event. An event with no ``data`` field is not
-      dispatched (but ``data:`` with an empty value is, with ``data == ""``).
-    * ``id`` values containing U+0000 are ignored; ``retry`` values that are not all ASCII
-      digits are ignored.
-
-    Call :meth:`close` at end of stream. An unterminated event is discarded there, as the spec
-    requires, and :attr:`truncated` records that it happened.
-    """
+    """``proxy.protocols.sse.SSEDecoder`` in Python (its docstring says what it does):
+    the reference that the compiled ``_wire.SSEDecoderCore`` is held to."""
 
     __slots__ = (
         "_closed",
