@@ -131,6 +131,18 @@ def test_sorted_unique_is_numpys_unique(values):
     assert got.tolist() == expected.tolist()
 
 
+def test_sorted_unique_into_refuses_a_short_array_and_ints_out_of_range():
+    """Bad input is an error before anything is written past the array it was given."""
+    out = np.zeros(2, dtype=np.uint64)
+    with pytest.raises(ValueError, match="shorter"):
+        _core.sorted_unique_into([3, 1, 2], out)
+    with pytest.raises(OverflowError):
+        _core.sorted_unique_into([-1], out)
+    with pytest.raises(OverflowError):
+        _core.sorted_unique_into([2**64], out)
+    assert _core.sorted_unique_into([5, 5], out) == 1 and out[0] == 5
+
+
 def test_fragment_of_a_prompt_in_b_output_is_reported():
     engine = make_engine()
     leak_from_a(engine)
