@@ -131,6 +131,13 @@ def test_sorted_unique_is_numpys_unique(values):
     assert got.tolist() == expected.tolist()
 
 
+def test_sorted_unique_of_an_order_that_defeats_the_middle_key():
+    """An organ pipe makes every middle key a bad pivot: the sort hands the rest to
+    ``qsort`` past its depth, and the answer is still ``numpy.unique``'s."""
+    pipe = [*range(20_000), *range(20_000, 0, -1)]
+    assert sorted_unique(pipe).tolist() == list(range(20_001))
+
+
 def test_sorted_unique_into_refuses_a_short_array_and_ints_out_of_range():
     """Bad input is an error before anything is written past the array it was given."""
     out = np.zeros(2, dtype=np.uint64)

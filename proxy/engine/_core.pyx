@@ -526,12 +526,24 @@ def sort_pairs(uint64_t[::1] keys not None, uint32_t[::1] values not None):
     free(dealt)
 
 
-cdef void sort_keys(uint64_t* keys, Py_ssize_t n) noexcept nogil:
+cdef int _by_value(const void* a, const void* b) noexcept nogil:
+    cdef uint64_t x = (<const uint64_t*>a)[0], y = (<const uint64_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef void sort_keys(uint64_t* keys, Py_ssize_t n, int depth=48) noexcept nogil:
     """Sort ``keys[:n]`` ascending in place: quicksort on the middle key, insertion
-    below 17 keys. A prompt's few hundred k-grams: numpy's sort cost more to call."""
+    below 17 keys. A prompt's few hundred k-grams: numpy's sort cost more to call.
+    Past ``depth`` partitions (an order that defeats the middle key, such as an organ
+    pipe: keyed hashes never come so) the rest goes to ``qsort``, so no input is
+    quadratic."""
     cdef Py_ssize_t i, j
     cdef uint64_t x, pivot
     while n > 16:
+        if depth == 0:
+            qsort(keys, n, sizeof(uint64_t), _by_value)
+            return
+        depth -= 1
         pivot = keys[n // 2]
         i, j = 0, n - 1
         while i <= j:
@@ -547,10 +559,10 @@ cdef void sort_keys(uint64_t* keys, Py_ssize_t n) noexcept nogil:
                 j -= 1
         # The smaller side recursively, the larger by the loop: bounded stack depth.
         if j + 1 < n - i:
-            sort_keys(keys, j + 1)
+            sort_keys(keys, j + 1, depth)
             keys, n = keys + i, n - i
         else:
-            sort_keys(keys + i, n - i)
+            sort_keys(keys + i, n - i, depth)
             n = j + 1
     for i in range(1, n):
         x = keys[i]
