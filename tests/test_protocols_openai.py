@@ -19,6 +19,7 @@ from proxy.protocols.openai import (
     StreamParser,
     error_body,
     error_event,
+    event_object,
     parse_request,
     parse_response,
     route_for,
@@ -816,3 +817,30 @@ def test_events_of_data_that_is_not_text_are_read_by_the_python_step() -> None:
         assert compiled.template is not None
         assert compiled.feed(SSEEvent(data)) == python.read_event(SSEEvent(data)), data
         assert compiled == python
+
+
+def test_an_event_the_compiled_step_declines_after_parsing_is_parsed_once(monkeypatch) -> None:
+    """Reasoning and tool-call deltas are the Python step's to read: it reads the object
+    the compiled step parsed, so such a stream costs one JSON parse an event; only an
+    event the compiled step never parsed (``[DONE]``) is parsed by ``event_object``. An
+    empty last delta, with its finish reason, is the compiled step's own."""
+    from proxy.protocols import openai as openai_module
+
+    parsed: list[str] = []
+
+    def counting_event_object(event: SSEEvent, **kwargs: Any) -> Any:
+        parsed.append(event.data)
+        return event_object(event, **kwargs)
+
+    monkeypatch.setattr(openai_module, "event_object", counting_event_object)
+    parser = StreamParser("chat")
+    assert parser.feed(ev(chunk(delta(0, reasoning_content="Let me think.")))) == [
+        OutputDelta(0, "Let me think.")
+    ]
+    tool = {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": '{"a"'}}]}
+    parser.feed(ev(chunk({"index": 0, "delta": tool})))
+    assert parser.feed(ev(chunk({"index": 0, "delta": {}, "finish_reason": "stop"}))) == []
+    assert parsed == []
+    assert parser.finish_reasons == {0: "stop"}
+    assert parser.feed(SSEEvent("[DONE]")) == [] and parser.done
+    assert parsed == ["[DONE]"]

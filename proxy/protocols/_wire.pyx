@@ -282,8 +282,9 @@ def openai_event_deltas(parser, object data, str route, delta_type):
     a string or null ``text`` (completions). Records the event's ``model`` and finish
     reasons on ``parser`` as ``openai.StreamParser.read_event`` does, and returns what it
     returns (``delta_type(choice, text)`` each). Any other event (empty, ``[DONE]``, not
-    JSON, an error, a field of another type or shape) is None, and changes nothing: the
-    Python step reads it whole.
+    JSON, an error, a field of another type or shape) changes nothing and is left to the
+    Python step: None when its data was not parsed, else the JSON object parsed (so that
+    a stream of other deltas, reasoning or tool calls, is not parsed twice an event).
 
     A stream's events differ mostly in their text: an event of one choice and one output
     string is kept as ``parser.template``, and the next one that is the same text around
@@ -306,30 +307,30 @@ def openai_event_deltas(parser, object data, str route, delta_type):
         return None
     cdef dict event = <dict>obj
     if event.get("error") is not None or event.get("object") == "error":
-        return None
+        return event
     choices = event.get("choices")
     if type(choices) is not list:
-        return None
+        return event
     cdef bint chat = route == "chat"
     cdef list out = [], finishes = []
     cdef Py_ssize_t position = 0
     cdef object one_text = None  # the output string of a choice that has one alone
     for choice in <list>choices:
         if type(choice) is not dict:
-            return None
+            return event
         index = (<dict>choice).get("index", position)
         position += 1
         if type(index) is not int:
-            return None  # a bool, or not a number: malformed
+            return event  # a bool, or not a number: malformed
         if chat:
             value = (<dict>choice).get("delta")
             text = None
-            if value is not None:
+            if value is not None and value != {}:  # {}: a last event, with its finish
                 if type(value) is not dict or len(<dict>value) > 2:
-                    return None
+                    return event
                 text = (<dict>value).get("content")
                 if type(text) is not str or not (len(<dict>value) == 1 or "role" in value):
-                    return None
+                    return event
                 if len(<dict>value) == 1:
                     one_text = text
         else:
@@ -337,7 +338,7 @@ def openai_event_deltas(parser, object data, str route, delta_type):
             if type(text) is str:
                 one_text = text
             elif text is not None:
-                return None
+                return event
         if text:
             out.append(tuple_new(delta_type, (index, text)))
         finish = (<dict>choice).get("finish_reason")

@@ -262,13 +262,19 @@ class StreamParser:
     def feed(self, event: SSEEvent) -> list[OutputDelta]:
         """Consume one SSE event and return the output text it carries. Never raises.
         The compiled step (``_wire.openai_event_deltas``) reads an event of the usual
-        shape; :meth:`read_event`, the reference it is held to, reads any other."""
-        deltas = openai_event_deltas(self, event.data, self.route, OutputDelta)
-        return self.read_event(event) if deltas is None else deltas
+        shape; :meth:`read_event`, the reference it is held to, reads any other, from the
+        object the compiled step parsed when it got that far (one parse an event)."""
+        read = openai_event_deltas(self, event.data, self.route, OutputDelta)
+        if type(read) is list:
+            return read
+        return self.read_object(event_object(event) if read is None else read)
 
     def read_event(self, event: SSEEvent) -> list[OutputDelta]:
         """``feed``, in Python: any event, whatever its shape."""
-        obj = event_object(event)
+        return self.read_object(event_object(event))
+
+    def read_object(self, obj: dict[str, Any] | str) -> list[OutputDelta]:
+        """``read_event`` of an event's ``event_object``."""
         if not isinstance(obj, dict):
             self.done |= obj == DONE_MARKER
             self.malformed_events += obj == MALFORMED
