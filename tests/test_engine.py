@@ -1463,6 +1463,14 @@ def test_the_models_answer_to_the_same_question_keeps_its_entity_known():
     assert exchange(engine, "B", "b-2", question, answer, T0 + 80) == []
 
 
+# A's question and the head of A's answer that the engine saw before its stream was cut.
+CUT_QUESTION = "Summarise the Vividfield Foods deadline and the reference of my invoice."
+CUT_HEAD = (
+    "Vividfield Foods moves the Halvorsen deadline to 13 May. The amount due is "
+    "8,168.78, scheduled for August. Order ORD-2026-641211 was placed by Noor Thibodeau."
+)
+
+
 def test_an_answer_found_to_carry_a_tenants_answer_holds_that_tenants_text():
     """A's stream was cut part way (the engine saw its head only); B's answer is A's
     whole answer, mis-routed: a leak of A's, the tail with it. A's next answer to the
@@ -1471,11 +1479,7 @@ def test_an_answer_found_to_carry_a_tenants_answer_holds_that_tenants_text():
     Control: a third tenant's answer with the tail is still a leak (of A's next answer,
     and of B's copy)."""
     engine = make_engine()
-    question = "Summarise the Vividfield Foods deadline and the reference of my invoice."
-    head = (
-        "Vividfield Foods moves the Halvorsen deadline to 13 May. The amount due is "
-        "8,168.78, scheduled for August. Order ORD-2026-641211 was placed by Noor Thibodeau."
-    )
+    question, head = CUT_QUESTION, CUT_HEAD
     tail = "The projected Kestrel total is 5,373.97 under reference REF-16299053 for Lisbet."
     scan = engine.observe_prompt("A", "a-1", question, now=T0)
     scan.feed(head, now=T0)
@@ -1493,11 +1497,7 @@ def test_a_copy_of_a_tenants_answer_does_not_hide_what_prompts_hold(holder):
     B's prompt or a third tenant's holds. That record in A's next answer is still a leak
     of its prompt's (found in review: the copy explained the k-grams away whoever else
     held them). Control: without the copy, the same."""
-    question = "Summarise the Vividfield Foods deadline and the reference of my invoice."
-    head = (
-        "Vividfield Foods moves the Halvorsen deadline to 13 May. The amount due is "
-        "8,168.78, scheduled for August. Order ORD-2026-641211 was placed by Noor Thibodeau."
-    )
+    question, head = CUT_QUESTION, CUT_HEAD
     secret = (
         "Patient Orla Brennigan, record MRN-55-2038-771, was prescribed 40 mg of Zorvexil "
         "on 3 March at the Quillmoor clinic, account 7731-0094."
