@@ -1,5 +1,5 @@
 """Builds crosstalk's compiled parts (``proxy/engine/_core.pyx``, the engine's core, and
-``proxy/protocols/_wire.pyx``, the SSE decoder's step; Cython) with the machine's C
+``proxy/protocols/_wire.pyx``, the per-event steps of a stream; Cython) with the machine's C
 compiler; everything else about the package is in ``pyproject.toml``.
 
 Without a working C compiler the install stops with a message that names what to
