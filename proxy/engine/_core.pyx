@@ -165,6 +165,12 @@ cdef list list_of(const uint64_t* values, Py_ssize_t n):
     return [values[i] for i in range(n)]
 
 
+cdef list list_at(const uint64_t* values, const Py_ssize_t* at, Py_ssize_t n):
+    """``values`` at the ``n`` positions ``at``, as a list of ints."""
+    cdef Py_ssize_t i
+    return [values[at[i]] for i in range(n)]
+
+
 cdef list kgrams_from(const uint64_t* hashes, Py_ssize_t size, Py_ssize_t first, int k):
     """``kgrams`` of ``hashes[first:size]``, a list."""
     cdef Py_ssize_t n = kgram_count(size, first, k)
@@ -1731,18 +1737,15 @@ cdef class DeltaScanner:
     tokenizer's step (``StreamTokenizer.feed``, on that object's own state), unit hashes
     (through the hasher's cache), the choice's columns (``_ChoiceState.add_units``), the
     new k-grams, and their classification against the index and the commonness sketch
-    (``Engine._classify``). When no new k-gram that is not common has an owner other
-    than this tenant's requests, none can be foreign, so the step also does what
-    ``ResponseScan._learn_from`` would (the private k-grams indexed as this output's, the
-    uses queued for the sketch) and is done.
+    (``Engine._classify``). A new k-gram that is not common and has an owner other than
+    this tenant's requests may be foreign: those few take the slow path (``_scan_held``,
+    the steps of ``scan_kgrams``), the others are done here as
+    ``ResponseScan._learn_from`` would do them (the private k-grams indexed as this
+    output's, the uses queued for the sketch). ``step`` returns the delta's findings.
 
-    ``scan(response, state, delta)`` returns None when the delta needs nothing more: it
-    completed no unit, or its k-grams were all classified here. Otherwise ``(first,
-    fingerprints)``, the new k-grams and the index of the first, for the slow path
-    (``scan_kgrams``, which ``ResponseScan._scan_kgrams`` also calls) to classify and
-    match: about one delta in a hundred on the engine bench.
-    ``detector.PythonDeltaScanner`` and the Python ``ResponseScan._scan_kgrams`` are what
-    both are held to: the same state after every delta, the same findings.
+    ``detector.PythonDeltaScanner`` (whose ``scan`` hands every new k-gram to the slow
+    path) and the Python ``ResponseScan._scan_kgrams`` are what both are held to: the
+    same state after every delta, the same findings.
 
     Holds the engine's tables by reference: the sketch's counters and the hasher's cache
     change in place, the index is asked for its frozen generations on every call. The
@@ -1777,9 +1780,13 @@ cdef class DeltaScanner:
     # made hundreds) unless the slow path needs them.
     cdef uint64_t* grams
     cdef Py_ssize_t grams_capacity
+    # Where, among ``grams``, the k-grams another request may hold are: the slow path's
+    # share of a delta (``_scan_held``). Of ``grams_capacity`` too.
+    cdef Py_ssize_t* held_at
 
     def __dealloc__(self):
         free(self.grams)
+        free(self.held_at)
 
     def __init__(self, hasher, sketch, index, HotTable baseline, corpus,
                  unit_batch, specific_number, int word_weight, *, dict requests, config,
@@ -1809,9 +1816,6 @@ cdef class DeltaScanner:
         self.plain_cover_factor = config.plain_cover_factor
         self.exclusive, self.containment = config.exclusive, config.containment
 
-    def scan(self, response, state, str delta):
-        return self.step(response, state, delta)
-
     def flush(self, response, ChoiceColumns columns):
         """The end of the choice's stream: its held-back word, a unit now, appended to
         the columns (``StreamTokenizer.flush`` and ``ResponseScan.add_batch``, as
@@ -1830,7 +1834,7 @@ cdef class DeltaScanner:
         cdef Py_ssize_t first = max(0, before - self.k + 1)
         return first, kgrams_from(columns.hashes.data, columns.hashes.size, first, self.k)
 
-    cdef object step(self, ScanFields response, ChoiceColumns columns, str delta):
+    cdef list step(self, ScanFields response, ChoiceColumns columns, str delta, choice):
         if not delta:
             return None
         cdef TokenizerState tokenizer = columns.tokenizer
@@ -1859,14 +1863,19 @@ cdef class DeltaScanner:
         if n > self.grams_capacity:
             self._grow_grams(n)
         roll_kgrams(columns.hashes.data, first, n, self.k, self.grams)
-        return self._classify(response, columns, first, n)
+        return self._classify(response, columns, choice, first, n)
 
     cdef int _grow_grams(self, Py_ssize_t n) except -1:
         cdef Py_ssize_t capacity = max(n, 2 * self.grams_capacity, 64)
         cdef uint64_t* grams = <uint64_t*>realloc(self.grams, capacity * sizeof(uint64_t))
         if grams == NULL:
             raise MemoryError()
-        self.grams, self.grams_capacity = grams, capacity
+        self.grams = grams
+        cdef Py_ssize_t* held_at = <Py_ssize_t*>realloc(self.held_at,
+                                                        capacity * sizeof(Py_ssize_t))
+        if held_at == NULL:
+            raise MemoryError()
+        self.held_at, self.grams_capacity = held_at, capacity
         return 0
 
     cdef Py_ssize_t _add_ascii(self, ChoiceColumns columns, TokenizerState tokenizer,
@@ -2057,15 +2066,15 @@ cdef class DeltaScanner:
             columns.ends.push(<uint64_t>ends[i])
         return n
 
-    cdef object _classify(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
-                          Py_ssize_t n):
-        """The fast path of the classification of the ``n`` k-grams in ``grams``, or
-        ``(first, fps)`` (them as a list) when one that is not common has an owner other
-        than this tenant's requests of the window (the same order of lookups as
-        ``FingerprintIndex.lookup``). Owned but common k-grams (shared system prompts,
-        popular questions) and k-grams only this tenant holds (its prompt echoed, its
-        earlier answers) are no evidence of a leak: handled here as
-        ``ResponseScan._scan_kgrams`` would handle them."""
+    cdef list _classify(self, ScanFields response, ChoiceColumns state, choice,
+                        Py_ssize_t first, Py_ssize_t n):
+        """The classification of the ``n`` k-grams in ``grams``, the first at unit
+        ``first``, and what the output learns from them; the findings, or None. Owned
+        but common k-grams (shared system prompts, popular questions) and k-grams only
+        this tenant holds (its prompt echoed, its earlier answers) are no evidence of a
+        leak: handled here as ``ResponseScan._scan_kgrams`` would handle them. One that
+        is not common and has an owner other than this tenant's requests of the window
+        may be foreign: those take the slow path (``_scan_held``)."""
         cdef IndexFields index = self.index
         cdef HotTable hot = index._hot
         cdef FrozenGenerations frozen = index._frozen  # a call only after they change
@@ -2074,7 +2083,7 @@ cdef class DeltaScanner:
         cdef uint64_t* grams = self.grams
         cdef const unsigned short* flat = &self.flat[0]
         cdef uint64_t fp
-        cdef Py_ssize_t i, kept = 0
+        cdef Py_ssize_t i, kept = 0, held = 0
         cdef set tenant_owned = None
         for i in range(n):
             if i + AHEAD < n:  # a whole text's k-grams: its misses overlap
@@ -2085,34 +2094,103 @@ cdef class DeltaScanner:
             if (hot.has(fp) or (frozen is not None and frozen.holds(fp))) and sketch_below(
                     flat, self.seeds, self.depth, self.mask, self.width, fp,
                     self.common_tenants):
-                if not self._only_tenant_holds(response, fp):
-                    return first, list_of(grams, n)  # it may be another tenant's: the Python scan
+                # Once one may be another tenant's, the slow path takes every held one
+                # (it reads their owners anyway) without asking who holds it here.
+                if held or not self._only_tenant_holds(response, fp):
+                    self.held_at[held] = i
+                    held += 1
+                    continue
                 if tenant_owned is None:
                     tenant_owned = set()
                 tenant_owned.add(fp)
+        if held:
+            return self._scan_held(response, state, choice, first, n, held, tenant_owned)
         cdef Column to_count = response._to_count
-        cdef Py_ssize_t corpus_size = self.corpus.shape[0]
         for i in range(n):
             if i + AHEAD < n:
                 prefetch(flat + sketch_cell(self.seeds, 0, self.mask, self.width, grams[i + AHEAD]))
             fp = grams[i]
-            if not sketch_below(flat, self.seeds, self.depth, self.mask, self.width, fp,
-                                self.common_tenants):
-                continue  # common text: neither private nor to be counted again
-            if tenant_owned is None or fp not in tenant_owned:
-                to_count.push(fp)  # this tenant's own text is counted already
-            if self.baseline.has(fp):
-                continue
-            if corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
-                continue
-            grams[kept] = fp  # the private ones, in place (kept <= i)
-            kept += 1
+            if self._private(flat, fp, tenant_owned, to_count):
+                grams[kept] = fp  # the private ones, in place (kept <= i)
+                kept += 1
         state.private_kgrams += kept
         if tenant_owned is not None:  # keys held already: the index adds a value
             self.index.add_many(list_of(grams, kept), response.output_value, response._now)
         elif kept:
             self._index_fresh(grams, kept, response.output_value, response._now)
         return None
+
+    cdef inline bint _private(self, const unsigned short* flat, uint64_t fp, set tenant_owned,
+                              Column to_count) except -1:
+        """Whether k-gram ``fp``, held by no other tenant's request, is private (not
+        common, in neither the baseline nor its corpus); its use queued for the sketch
+        unless common or this tenant's own (counted already)."""
+        if not sketch_below(flat, self.seeds, self.depth, self.mask, self.width, fp,
+                            self.common_tenants):
+            return False  # common text: neither private nor to be counted again
+        if tenant_owned is None or fp not in tenant_owned:
+            to_count.push(fp)  # this tenant's own text is counted already
+        if self.baseline.has(fp):
+            return False
+        cdef Py_ssize_t corpus_size = self.corpus.shape[0]
+        return not (corpus_size and sorted_has(&self.corpus[0], corpus_size, fp))
+
+    cdef list _scan_held(self, ScanFields response, ChoiceColumns state, choice,
+                         Py_ssize_t first, Py_ssize_t n, Py_ssize_t held, set tenant_owned):
+        """``_classify`` of a delta with ``held`` k-grams another request may hold (at
+        ``held_at``): those are classified and matched as ``_scan_kgrams`` would, the
+        others as ``_classify`` does, and the delta is learned in its order, by the calls
+        ``_scan_kgrams`` on all of them makes. Like it, all is read before anything is
+        written: the sketch and the index change only once every k-gram is classified.
+        A whole response with one such k-gram no longer takes the slow path for all."""
+        cdef uint64_t* grams = self.grams
+        cdef Py_ssize_t* held_at = self.held_at
+        cdef list fps = list_at(grams, held_at, held)
+        cdef tuple classified = self._classify_all(self.requests, response.tenant, fps)
+        cdef list is_private = classified[0], owners = classified[1], unowned = classified[2]
+        cdef set private = set(), touched = set()
+        cdef dict holders = {}
+        cdef Py_ssize_t i, j, kept = 0
+        cdef double horizon = response._now - self.window_seconds
+        cdef list foreign
+        for j in range(held):
+            if is_private[j]:
+                private.add(fps[j])
+                kept += 1
+        for j in range(held):
+            values = owners[j]
+            if values:
+                holders[fps[j]] = values
+            if not values or not is_private[j]:
+                continue
+            foreign = self._foreign_values(response, values, horizon)
+            for value in foreign:
+                state._cover(value, first + held_at[j], self.k, fps[j],
+                             self._specific_units(value))
+                touched.add(value)
+            if foreign:
+                # Another tenant's text in this output is not this tenant's text: it must
+                # not make a later leak of it to the same tenant look like its own.
+                private.discard(fps[j])
+        # The delta in order, the held k-grams in their places: the index's order.
+        cdef const unsigned short* flat = &self.flat[0]
+        cdef Column to_count = response._to_count
+        cdef list to_index = []
+        cdef uint64_t fp
+        j = 0
+        for i in range(n):
+            if j < held and held_at[j] == i:
+                if fps[j] in private:
+                    to_index.append(fps[j])
+                j += 1
+                continue
+            fp = grams[i]
+            if self._private(flat, fp, tenant_owned, to_count):
+                to_index.append(fp)
+                kept += 1
+        state.private_kgrams += kept
+        self._learn_from(response, unowned, holders, to_index)
+        return self._fragment_findings(response, state, choice, touched)
 
     def classify(self, dict requests, str tenant, list fps):
         """``Engine._classify``: per k-gram, whether it is still private (not common,
@@ -2339,24 +2417,20 @@ cdef class DeltaScanner:
 cdef list feed_delta(scanner, ScanFields response, ChoiceColumns state, str delta, choice,
                      EntityIndexFields entity_index, EngineClock clock):
     """``ScanFields.feed`` once its choice's state is found: ``scanner``'s fragment
-    step (``DeltaScanner``, or ``detector.PythonDeltaScanner``), the slow path when the
-    step hands k-grams back (``DeltaScanner.scan_kgrams``, or the Python
-    ``ResponseScan._scan_kgrams``), the entity scan, and the record of the feed (the units so
-    far, the next of ``clock``'s sequence numbers). Returns the findings. Python runs
-    only when a step meets something: a k-gram another tenant holds that is not common
-    yet, an entity, a pending key."""
+    step (``DeltaScanner``, its slow path included; or ``detector.PythonDeltaScanner``
+    and the Python ``ResponseScan._scan_kgrams`` for the k-grams it hands back), the
+    entity scan, and the record of the feed (the units so far, the next of ``clock``'s
+    sequence numbers). Returns the findings. Python runs only when a step meets
+    something: a k-gram another tenant holds that is not common yet, an entity, a
+    pending key."""
+    cdef list found
     if type(scanner) is DeltaScanner:
-        step = (<DeltaScanner>scanner).step(response, state, delta)
+        found = (<DeltaScanner>scanner).step(response, state, delta, choice)
+        if found is None:
+            found = []
     else:
         step = scanner.scan(response, state, delta)
-    cdef list found
-    if step is None:
-        found = []
-    elif type(scanner) is DeltaScanner:
-        found = (<DeltaScanner>scanner)._scan_kgrams(response, state, choice, step[0], step[1],
-                                                     False)
-    else:
-        found = response._scan_kgrams(state, choice, *step)
+        found = [] if step is None else response._scan_kgrams(state, choice, *step)
     entities = state.entities
     if entities is not None:
         if entity_index.pending and entity_index.rebuild_due():
