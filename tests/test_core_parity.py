@@ -355,6 +355,40 @@ def test_the_compiled_classification_is_the_python_one(monkeypatch):
     assert min(seen["owned"], seen["unowned"], seen["public"]) > 100
 
 
+def test_the_compiled_prompt_classification_is_the_python_one(monkeypatch):
+    """``DeltaScanner.classify_prompt`` against ``PythonDeltaScanner.classify_prompt``
+    (``classify``, its owners dropped) on every piece of every prompt an engine on the
+    Python scan observes over the quality workload, the baseline's k-grams in play: the
+    same private and uncounted k-grams, in order."""
+    from proxy.engine.detector import Engine
+
+    python_classify_prompt = Engine._classify_prompt
+    seen = {"calls": 0, "private": 0, "unowned": 0, "held": 0}
+
+    def both(engine, tenant, fps, start, stop):
+        got = python_classify_prompt(engine, tenant, fps, start, stop)
+        compiled = compiled_scanner(
+            engine.hasher, engine.sketch, engine.index, engine.baseline,
+            engine.baseline_sorted, unit_batch, None, 2,
+            requests=engine._requests, config=engine.config, no_units=np.zeros(0, np.uint64),
+        )  # fmt: skip
+        assert compiled.classify_prompt(engine._requests, tenant, fps, start, stop) == got
+        seen["calls"] += 1
+        seen["private"] += len(got[0])
+        seen["unowned"] += len(got[1])
+        seen["held"] += sum(bool(v) for v in engine.index.lookup(fps[start:stop]))
+        return got
+
+    compiled_scanner = _core.DeltaScanner
+    monkeypatch.setattr(_core, "DeltaScanner", PythonDeltaScanner)
+    monkeypatch.setattr(Engine, "_classify_prompt", both)
+    streamed_state(6, baseline=True)
+    assert seen["calls"] >= 400  # every prompt
+    # Held k-grams (a prompt's own tenant's and others'), private ones and counted ones
+    # all occur: each branch of the compiled step is compared.
+    assert min(seen["private"], seen["unowned"], seen["held"]) > 100
+
+
 def filled_index(rng: random.Random, keys: list[int]) -> FingerprintIndex:
     """An index of several frozen generations and a hot one; some keys with several
     values (in one generation and across generations)."""

@@ -2200,6 +2200,65 @@ cdef class DeltaScanner:
         ``detector.PythonDeltaScanner.classify`` is the Python it is held to."""
         return self._classify_all(requests, tenant, fps)
 
+    def classify_prompt(self, dict requests, str tenant, list fps, Py_ssize_t start,
+                        Py_ssize_t stop):
+        """``Engine._classify_prompt``: of ``fps[start:stop]``, the private k-grams and
+        the ones whose use by ``tenant`` the sketch must count, in order (``classify``'s
+        answers, without the owners a prompt does not need). Only a k-gram that is not
+        common and that the index holds is looked up, all of a call's at once."""
+        stop = min(stop, len(fps))
+        cdef IndexFields index = self.index
+        cdef HotTable hot = index._hot
+        cdef FrozenGenerations frozen = index._frozen
+        if frozen is None:
+            frozen = self.index.frozen()
+        cdef const unsigned short* flat = &self.flat[0]
+        cdef Py_ssize_t i, n = stop - start, corpus_size = self.corpus.shape[0]
+        cdef uint64_t fp
+        cdef list held = []
+        # 0: common; 1: not held; 2: held (its owners decide)
+        cdef bytearray kinds = bytearray(max(n, 0))
+        for i in range(start, stop):
+            if i + AHEAD < stop:
+                fp = <uint64_t>fps[i + AHEAD]
+                prefetch(flat + sketch_cell(self.seeds, 0, self.mask, self.width, fp))
+                hot.prefetch(fp)
+            fp = <uint64_t>fps[i]
+            if not sketch_below(flat, self.seeds, self.depth, self.mask, self.width, fp,
+                                self.common_tenants):
+                continue
+            if hot.has(fp) or (frozen is not None and frozen.holds(fp)):
+                kinds[i - start] = 2
+                held.append(fps[i])
+            else:
+                kinds[i - start] = 1
+        cdef list owners = self.index.lookup(held) if held else held
+        cdef list private = [], unowned = []
+        cdef Py_ssize_t j = 0
+        cdef bint keep
+        for i in range(start, stop):
+            kind = kinds[i - start]
+            if not kind:
+                continue
+            item = fps[i]
+            keep = True
+            if kind == 2:
+                values = owners[j]
+                j += 1
+                keep = len(values) < 64
+                if not (values and owned_by(requests, tenant, values)):
+                    unowned.append(item)
+            else:
+                unowned.append(item)
+            fp = <uint64_t>item
+            if keep and self.baseline.has(fp):
+                keep = False
+            if keep and corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
+                keep = False
+            if keep:
+                private.append(item)
+        return private, unowned
+
     cdef tuple _classify_all(self, dict requests, str tenant, list fps):
         cdef list owners = self.index.lookup(fps), private = [], unowned = []
         cdef Py_ssize_t i, n = len(fps), corpus_size = self.corpus.shape[0]

@@ -360,18 +360,17 @@ class Engine(_core.EngineClock):
         fps = self.hasher.kgrams_of_hashes(hashes)
         # Classified a piece at a time (reads only; the same answers as all at once when
         # nothing runs in between), then learned in one go.
-        is_private: list[bool] = []
+        private: list[int] = []
         unowned: list[int] = []
         for i in range(0, len(fps), OBSERVE_STEP):
             if i:
                 yield
-            flags, _, piece_unowned = self._classify(tenant, fps[i : i + OBSERVE_STEP])
-            is_private += flags
+            piece_private, piece_unowned = self._classify_prompt(tenant, fps, i, i + OBSERVE_STEP)
+            private += piece_private
             unowned += piece_unowned
         self.observed_requests += 1
         self.vocabulary.learn(tenant, hashes)
         self._count_use(tenant, unowned, now)
-        private = [fp for fp, keep in zip(fps, is_private, strict=True) if keep]
         model_fps = set(self.hasher.kgrams_of_hashes(model_hashes))
         signature = sorted_unique(private)
         # The user's words: what earlier assistant turns of the prompt wrote is a model's.
@@ -414,6 +413,14 @@ class Engine(_core.EngineClock):
             return [], [], []
         scanner = self._delta_scanner or self.delta_scanner()
         return scanner.classify(self._requests, tenant, fps)
+
+    def _classify_prompt(
+        self, tenant: str, fps: list[int], start: int, stop: int
+    ) -> tuple[list[int], list[int]]:
+        """``_classify`` of a prompt's ``fps[start:stop]``, which needs no owners: the
+        private fingerprints, and those whose use the sketch must count, in order."""
+        scanner = self._delta_scanner or self.delta_scanner()
+        return scanner.classify_prompt(self._requests, tenant, fps, start, stop)
 
     def _count_use(self, tenant: str, fps: Sequence[int], now: float) -> None:
         """Count ``tenant``'s use of ``fps`` in the sketch, once per tenant (pair filter)."""
@@ -581,6 +588,15 @@ class PythonDeltaScanner:
             if not c and not (values and owned_by_tenant(values))
         ]
         return private, owners, unowned
+
+    def classify_prompt(
+        self, requests: dict[int, RequestRecord], tenant: str, fps: list[int], start: int, stop: int
+    ) -> tuple[list[int], list[int]]:
+        """``Engine._classify_prompt``, by ``classify``
+        (``_core.DeltaScanner.classify_prompt`` is the compiled one)."""
+        piece = fps[start:stop]
+        private, _, unowned = self.classify(requests, tenant, piece)
+        return [fp for fp, keep in zip(piece, private, strict=True) if keep], unowned
 
     def scan(
         self, response: ResponseScan, state: _ChoiceState, delta: str
