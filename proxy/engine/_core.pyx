@@ -12,9 +12,10 @@ garbage collector does not walk (issue 16's GC target).
 cimport cython
 from cpython.unicode cimport (
     Py_UNICODE_ISDECIMAL, Py_UNICODE_ISDIGIT, Py_UNICODE_ISSPACE, PyUnicode_DecodeASCII,
-    PyUnicode_KIND, PyUnicode_READ, PyUnicode_READ_CHAR, PyUnicode_Substring,
+    PyUnicode_1BYTE_KIND, PyUnicode_2BYTE_KIND, PyUnicode_KIND, PyUnicode_READ,
+    PyUnicode_READ_CHAR, PyUnicode_Substring,
 )
-from libc.stdint cimport uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport calloc, free, malloc, realloc
 from cpython.buffer cimport PyBUF_FORMAT, PyBUF_ND, PyBUF_STRIDES, PyBUF_WRITABLE
 from libc.string cimport memcpy, memset
@@ -2536,14 +2537,22 @@ ENTITY_NEEDS = {
 }
 
 
-cdef inline bint has_at(int kind, const void* data, Py_ssize_t n, Py_ssize_t i,
+# A text's characters as stored: one, two or four bytes each. The prefilter's loop is
+# made once per width, so that reading a character is a load, not a switch on the width.
+ctypedef fused stored_char:
+    uint8_t
+    uint16_t
+    uint32_t
+
+
+cdef inline bint has_at(const stored_char* data, Py_ssize_t n, Py_ssize_t i,
                         const char* literal) noexcept:
     """``text[i:]`` starts with the ASCII ``literal`` ('?' matches any character)."""
     cdef Py_ssize_t j = 0
     while literal[j]:
         if i + j >= n:
             return False
-        if literal[j] != b'?' and PyUnicode_READ(kind, <void*>data, i + j) != <Py_UCS4>literal[j]:
+        if literal[j] != b'?' and <Py_UCS4>data[i + j] != <Py_UCS4>literal[j]:
             return False
         j += 1
     return True
@@ -2553,8 +2562,8 @@ cdef inline bint is_ascii_digit(Py_UCS4 c) noexcept:
     return 48 <= c <= 57
 
 
-cdef inline bint is_decimal_at(int kind, const void* data, Py_ssize_t n, Py_ssize_t i) noexcept:
-    return i < n and Py_UNICODE_ISDECIMAL(PyUnicode_READ(kind, <void*>data, i))
+cdef inline bint is_decimal_at(const stored_char* data, Py_ssize_t n, Py_ssize_t i) noexcept:
+    return i < n and Py_UNICODE_ISDECIMAL(data[i])
 
 
 def entity_needs(str text):
@@ -2562,7 +2571,17 @@ def entity_needs(str text):
     kind whose bit is clear cannot match in it."""
     cdef int kind = PyUnicode_KIND(text)
     cdef const void* data = PyUnicode_DATA(text)
-    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text), i
+    cdef Py_ssize_t n = PyUnicode_GET_LENGTH(text)
+    if kind == PyUnicode_1BYTE_KIND:
+        return needs_of(<const uint8_t*>data, n)
+    if kind == PyUnicode_2BYTE_KIND:
+        return needs_of(<const uint16_t*>data, n)
+    return needs_of(<const uint32_t*>data, n)
+
+
+cdef unsigned int needs_of(const stored_char* data, Py_ssize_t n) noexcept:
+    """``entity_needs`` of the ``n`` characters at ``data``."""
+    cdef Py_ssize_t i
     cdef unsigned int found = 0
     cdef Py_UCS4 c, nxt
     # Runs ending at the character before: ASCII digits, [A-Za-z0-9_-], capitals, the
@@ -2571,29 +2590,38 @@ def entity_needs(str text):
     cdef Py_ssize_t digits = 0, word = 0, upper = 0, upper_before = 0, card = 0
     cdef int card_state = 0
     for i in range(n):
-        c = PyUnicode_READ(kind, <void*>data, i)
+        c = data[i]
         if c == 64:  # @
             found |= NEEDS_EMAIL
         elif c == 58:  # :
-            if has_at(kind, data, n, i, b"://"):
+            if has_at(data, n, i, b"://"):
                 found |= NEEDS_URL
         elif c == 43:  # +
-            if is_decimal_at(kind, data, n, i + 1):
+            if is_decimal_at(data, n, i + 1):
                 found |= NEEDS_PHONE
         elif c == 40:  # (
-            if (is_decimal_at(kind, data, n, i + 1) and is_decimal_at(kind, data, n, i + 2)
-                    and is_decimal_at(kind, data, n, i + 3) and has_at(kind, data, n, i + 4, b")")):
+            if (is_decimal_at(data, n, i + 1) and is_decimal_at(data, n, i + 2)
+                    and is_decimal_at(data, n, i + 3) and has_at(data, n, i + 4, b")")):
                 found |= NEEDS_PHONE
-        elif c == 115 or c == 103 or c == 65 or c == 120 or c == 101:  # s g A x e
-            if (has_at(kind, data, n, i, b"sk-") or has_at(kind, data, n, i, b"eyJ")
-                    or has_at(kind, data, n, i, b"AKIA") or has_at(kind, data, n, i, b"AIza")):
+        # An API key's prefix, asked only of the character it starts with ("s" and "e"
+        # are a sixth of English text).
+        elif c == 115:  # s
+            if has_at(data, n, i, b"sk-"):
                 found |= NEEDS_API_KEY
-            elif has_at(kind, data, n, i, b"gh?_"):
-                nxt = PyUnicode_READ(kind, <void*>data, i + 2)
+        elif c == 101:  # e
+            if has_at(data, n, i, b"eyJ"):
+                found |= NEEDS_API_KEY
+        elif c == 65:  # A
+            if has_at(data, n, i, b"AKIA") or has_at(data, n, i, b"AIza"):
+                found |= NEEDS_API_KEY
+        elif c == 103:  # g
+            if has_at(data, n, i, b"gh?_"):
+                nxt = data[i + 2]
                 if nxt == 112 or nxt == 111 or nxt == 117 or nxt == 115 or nxt == 114:  # pousr
                     found |= NEEDS_API_KEY
-            elif has_at(kind, data, n, i, b"xox?-"):
-                nxt = PyUnicode_READ(kind, <void*>data, i + 3)
+        elif c == 120:  # x
+            if has_at(data, n, i, b"xox?-"):
+                nxt = data[i + 3]
                 if nxt == 97 or nxt == 98 or nxt == 112 or nxt == 114:  # abpr
                     found |= NEEDS_API_KEY
         if is_ascii_digit(c):
@@ -2607,11 +2635,9 @@ def entity_needs(str text):
                     found |= NEEDS_IBAN
                 if digits >= 6:
                     found |= NEEDS_NATIONAL_ID
-            if (i >= 5 and PyUnicode_READ(kind, <void*>data, i - 1) == 45
-                    and is_ascii_digit(PyUnicode_READ(kind, <void*>data, i - 2))
-                    and is_ascii_digit(PyUnicode_READ(kind, <void*>data, i - 3))
-                    and PyUnicode_READ(kind, <void*>data, i - 4) == 45
-                    and is_ascii_digit(PyUnicode_READ(kind, <void*>data, i - 5))):
+            if (i >= 5 and data[i - 1] == 45 and is_ascii_digit(data[i - 2])
+                    and is_ascii_digit(data[i - 3]) and data[i - 4] == 45
+                    and is_ascii_digit(data[i - 5])):
                 found |= NEEDS_NATIONAL_ID
             card = card + 1 if card_state else 1
             card_state = 1
