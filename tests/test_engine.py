@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 import random
 import re
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core, entities
-from proxy.engine.detector import sorted_unique
+from proxy.engine.detector import beyond, sorted_unique, uint64_array
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow, winnowed
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
@@ -131,6 +132,23 @@ def test_sorted_unique_is_numpys_unique(values):
     assert got.tolist() == expected.tolist()
 
 
+@given(st.lists(st.integers(0, 5)), st.lists(st.integers(0, 5)))
+def test_units_beyond_a_model_s_are_the_counters_difference(units, of):
+    """A prompt's own words: each unit as many more times than the model's turns hold it
+    (a few values, so that repeats on both sides meet)."""
+    kept = beyond(units, of)
+    assert Counter(kept) == Counter(units) - Counter(of)
+    rest = iter(units)
+    assert all(unit in rest for unit in kept)  # in the prompt's order
+
+
+@given(st.lists(st.integers(0, 2**64 - 1), max_size=50))
+def test_uint64_array_is_numpys(values):
+    got = uint64_array(values)
+    assert got.dtype == np.uint64
+    assert got.tolist() == np.array(values, dtype=np.uint64).tolist()
+
+
 def test_sorted_unique_of_an_order_that_defeats_the_middle_key():
     """An organ pipe makes every middle key a bad pivot: the sort hands the rest to
     ``qsort`` past its depth, and the answer is still ``numpy.unique``'s."""
@@ -147,6 +165,10 @@ def test_sorted_unique_into_refuses_a_short_array_and_ints_out_of_range():
         _core.sorted_unique_into([-1], out)
     with pytest.raises(OverflowError):
         _core.sorted_unique_into([2**64], out)
+    with pytest.raises(ValueError, match="shorter"):
+        _core.ints_into([1, 2, 3], out)
+    with pytest.raises(OverflowError):
+        _core.ints_into([-1], out)
     assert _core.sorted_unique_into([5, 5], out) == 1 and out[0] == 5
 
 

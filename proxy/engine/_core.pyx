@@ -580,18 +580,31 @@ cdef void sort_keys(uint64_t* keys, Py_ssize_t n, int depth=48) noexcept nogil:
         keys[j] = x
 
 
+def ints_into(list values not None, uint64_t[::1] out not None):
+    """``values`` (ints below 2**64) written to the start of ``out`` (at least as long):
+    a prompt's unit hashes as an array, where ``numpy.array`` first asks each int which
+    type the array should have."""
+    copy_ints(values, out)
+
+
+cdef int copy_ints(list values, uint64_t[::1] out) except -1:
+    cdef Py_ssize_t n = len(values), i
+    if out.shape[0] < n:
+        raise ValueError("out is shorter than values")
+    for i in range(n):
+        out[i] = <uint64_t>values[i]
+    return 0
+
+
 def sorted_unique_into(list values not None, uint64_t[::1] out not None):
     """``numpy.unique`` of ``values`` (ints below 2**64) written to the start of ``out``
     (at least as long): ascending, no repeats. Returns how many were written. The
     prompt signature's step: numpy's five calls for a prompt's k-grams cost more than
     their sort."""
     cdef Py_ssize_t n = len(values), i, kept = 0
-    if out.shape[0] < n:
-        raise ValueError("sorted_unique_into: out is shorter than values")
+    copy_ints(values, out)
     if n == 0:
         return 0
-    for i in range(n):
-        out[i] = <uint64_t>values[i]
     sort_keys(&out[0], n)
     for i in range(n):
         if kept == 0 or out[i] != out[kept - 1]:

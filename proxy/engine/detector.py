@@ -330,8 +330,8 @@ class Engine(_core.EngineClock):
             tenant,
             request_id,
             now,
-            np.array(hashes, dtype=np.uint64),
-            np.array(model_hashes, dtype=np.uint64),
+            uint64_array(hashes),
+            uint64_array(model_hashes),
             tuple(entities),
             seq,
             min(self.low_water(), seq),
@@ -374,7 +374,7 @@ class Engine(_core.EngineClock):
         model_fps = set(self.hasher.kgrams_of_hashes(model_hashes))
         signature = sorted_unique(private)
         # The user's words: what earlier assistant turns of the prompt wrote is a model's.
-        users = (Counter(hashes) - Counter(model_hashes)) if model_hashes else hashes
+        users = beyond(hashes, model_hashes) if model_hashes else hashes
         rare = set(self.vocabulary.plain.absent(users)).difference(self.trivial_numbers)
         slot = self._new_slot(
             tenant,
@@ -538,7 +538,8 @@ class Engine(_core.EngineClock):
 class PythonDeltaScanner:
     """``_core.DeltaScanner``'s Python counterpart: the tokenizer's step and the new
     units' k-grams, leaving every classification to ``ResponseScan._scan_kgrams``; and
-    the classification itself (``classify``). The engine runs it when it winnows;
+    the classification itself (``classify``; ``classify_prompt`` for a prompt). The
+    engine runs it when it winnows;
     ``tests/test_core_parity.py`` holds the compiled step to it. Takes the compiled
     one's arguments."""
 
@@ -1201,6 +1202,27 @@ class _ChoiceState(_core.ChoiceColumns):
         self.cumulative.extend(islice(accumulate(weights, initial=self.cumulative[-1]), 1, None))
         first = max(0, before - k + 1)
         return first, self.hashes[first:]
+
+
+def beyond(units: list[int], of: list[int]) -> list[int]:
+    """The units that ``units`` holds more often than ``of`` does (``Counter(units) -
+    Counter(of)``'s keys, some repeated), in order: each of ``of``'s uses takes away one
+    of ``units``'. Half the time of the two Counters and their difference."""
+    left = Counter(of)
+    kept = []
+    for unit in units:
+        if n := left.get(unit):
+            left[unit] = n - 1
+        else:
+            kept.append(unit)
+    return kept
+
+
+def uint64_array(values: list[int]) -> np.ndarray:
+    """``numpy.array(values, dtype=numpy.uint64)``, filled in compiled code."""
+    out = np.empty(len(values), dtype=np.uint64)
+    _core.ints_into(values, out)
+    return out
 
 
 def sorted_unique(values: list[int]) -> np.ndarray:
