@@ -1126,6 +1126,32 @@ def test_digit_id_matches_are_the_patterns_own(text):
     ]
 
 
+# Texts made of what emails and phone numbers are made of, and of what stops them: word
+# runs, digits, "@", dots, "+", "-", parentheses, spaces, a non-ASCII letter and digit.
+_CONTACT_PIECES = st.one_of(
+    st.text(alphabet="abZ_", min_size=1, max_size=4),
+    st.text(alphabet="0123456789", min_size=1, max_size=5),
+    st.sampled_from(
+        ["@", "@@", ".", "..", "+", "-", "(", ")", " ", ".com", ".io", "\u00e9", "\u0663"]
+    ),
+)
+
+
+@given(st.lists(_CONTACT_PIECES, max_size=16).map("".join))
+@example("a@b.co x.y+z@mail.example.org @ab.cd a@@b.cd a@b.c@d.ef")  # runs and "@"s
+@example("+1 (555) 123-4567 x+44 20 7946 0958 (212) 555-0100 ++1 234 567 89")
+@settings(max_examples=3000, deadline=None)
+def test_email_and_phone_matches_are_the_patterns_own(text):
+    """The email pattern tried only at the run before each "@", and the phone pattern
+    only at each "+" and "(", find what ``finditer`` over the whole text finds."""
+    for kind in ("email", "phone"):
+        anchored = next(p for k, p, _ in entities._PATTERNS if k == kind)
+        assert isinstance(anchored, entities.RunBeforePattern | entities.AnchoredPattern)
+        assert [m.span() for m in anchored.finditer(text)] == [
+            m.span() for m in anchored.pattern.finditer(text)
+        ], kind
+
+
 def test_checksums():
     assert luhn_ok("4539148803436467") and not luhn_ok("4539148803436468")
     assert iban_ok("GB12 WEST 1234 5698 7654 31") and not iban_ok("GB12 WEST 1234 5698 7654 32")

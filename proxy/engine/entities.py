@@ -110,9 +110,52 @@ class AnchoredPattern:
                 pos = found.end()  # no match holds this anchor: one must begin after it
 
 
+@dataclass(frozen=True, slots=True)
+class RunBeforePattern:
+    """A pattern whose every match begins with a run of ``run`` characters followed by
+    the character ``at``, which ``run`` does not hold (an email's local part and its
+    "@"): tried only at the start of the run before each ``at``. ``finditer`` finds what
+    the pattern's own ``finditer`` finds, when the pattern reads nothing before a match
+    (no ``\b``, no look-behind): a match that holds that ``at`` can only begin in the
+    run; the leftmost begins where the run does (from ``pos``), and where it fails, a
+    later start in the run fails too (the rest is the same text). An email pattern tried
+    at every word start took ~45 us a kilobyte that holds an "@"."""
+
+    pattern: re.Pattern[str]
+    at: str
+    run: frozenset[str]
+
+    def search(self, text: str) -> re.Match[str] | None:
+        return self.pattern.search(text)
+
+    def finditer(self, text: str) -> Iterator[re.Match[str]]:
+        pos = 0
+        while (at := text.find(self.at, pos)) != -1:
+            start = at
+            while start > pos and text[start - 1] in self.run:
+                start -= 1
+            if start < at and (m := self.pattern.match(text, start)):
+                yield m
+                pos = m.end()
+            else:
+                pos = at + 1
+
+
+_ASCII_WORD = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
+
 # (kind, pattern, validator). Order matters: the first kind to claim a span wins.
-_PATTERNS: list[tuple[str, re.Pattern[str] | AnchoredPattern, Callable[[str], bool]]] = [
-    ("email", re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}", re.I | re.A), _any),
+_PATTERNS: list[
+    tuple[str, re.Pattern[str] | AnchoredPattern | RunBeforePattern, Callable[[str], bool]]
+] = [
+    (
+        "email",
+        RunBeforePattern(
+            re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}", re.I | re.A),
+            at="@",
+            run=frozenset(_ASCII_WORD + ".+-"),
+        ),
+        _any,
+    ),
     (
         "url_secret",
         re.compile(
@@ -139,10 +182,17 @@ _PATTERNS: list[tuple[str, re.Pattern[str] | AnchoredPattern, Callable[[str], bo
     ),
     ("card", re.compile(r"\b\d(?:[ -]?\d){12,18}\b", re.A), lambda s: luhn_ok(_digits(s))),
     ("national_id", re.compile(r"\b\d{3}-\d{2}-\d{4}\b|\b[A-Z]{2}\d{6}[A-D]\b", re.A), _any),
+    # Anchored at its "+" or "(", where every match begins: its look-behind made the
+    # pattern try every position of a text (~45 us a kilobyte that holds a "+" or "(").
     (
         "phone",
-        re.compile(
-            r"(?<![\w+])\+\d{1,3}[ .-]?\(?\d{1,4}\)?(?:[ .-]?\d{2,4}){2,4}\b|\(\d{3}\) ?\d{3}-\d{4}\b"
+        AnchoredPattern(
+            re.compile(
+                r"(?<![\w+])\+\d{1,3}[ .-]?\(?\d{1,4}\)?(?:[ .-]?\d{2,4}){2,4}\b"
+                r"|\(\d{3}\) ?\d{3}-\d{4}\b"
+            ),
+            anchor=re.compile(r"[+(]"),
+            lead=0,
         ),
         lambda s: 8 <= len(_digits(s)) <= 15,
     ),
