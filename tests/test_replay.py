@@ -529,6 +529,21 @@ def test_corrupt_flow_record_is_skipped_with_its_position(captured, capsys):
     assert f"record 2 (byte {len(one)})" in err and "corrupt flow record" in err
 
 
+def test_flow_record_with_a_damaged_field_name_is_skipped(captured, capsys):
+    """mitmproxy checks a flow's fields with ``assert``: a record whose field name lost a
+    byte (as the fuzz test once made one) is a corrupt record, skipped with its
+    position, and the next one is read."""
+    one, two, three = first_flows(captured, 3)
+    assert two.count(b"6:backup") == 1
+    path = captured.root / "damaged-field.flows"
+    path.write_bytes(one + two.replace(b"6:backup", b"6:\x00ackup") + three)
+    status, events = captured.replay(path, name="damaged-field")
+    assert status in (1, 3)
+    assert skipped(events) == [(2, len(one))]
+    assert replayed(events) == 2  # records 1 and 3
+    assert "corrupt flow record: fields mitmproxy refused" in capsys.readouterr().err
+
+
 def test_bad_and_truncated_jsonl_lines_are_skipped_with_their_line(captured, capsys):
     good = [
         {"time": 1000.0 + i, "tenant": f"t{i}", "path": "/v1/chat/completions",

@@ -229,9 +229,12 @@ def read_flows(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
                 record.origin = source.name
                 yield record
             return
-        except (exceptions.FlowReadException, ValueError, TypeError, KeyError) as e:
+        # mitmproxy checks a flow's fields with ``assert``: a damaged field name fails
+        # one (AssertionError, no message), as a damaged value fails a type or a key.
+        except (exceptions.FlowReadException, ValueError, TypeError, KeyError, AssertionError) as e:
             number += 1
-            on_skip(Skipped(source.name, number, offset, f"corrupt flow record: {e}"))
+            what = "fields mitmproxy refused" if isinstance(e, AssertionError) else reason(e)
+            on_skip(Skipped(source.name, number, offset, f"corrupt flow record: {what}"))
             resumed = _next_flow(fo, offset + 1)
             if resumed is None:
                 return
