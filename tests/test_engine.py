@@ -7,6 +7,7 @@ negative assertion cannot pass by accident.
 
 from __future__ import annotations
 
+import itertools
 import pickle
 import random
 import re
@@ -1150,6 +1151,30 @@ def test_email_and_phone_matches_are_the_patterns_own(text):
         assert [m.span() for m in anchored.finditer(text)] == [
             m.span() for m in anchored.pattern.finditer(text)
         ], kind
+
+
+@given(
+    st.text(alphabet="abcxyz0189-_ ", max_size=14)
+    | st.builds(
+        lambda first, n, step: "".join(chr(max(0, ord(first) + step * i)) for i in range(n)),
+        st.sampled_from("0a5tz9"),
+        st.integers(0, 14),
+        st.sampled_from([1, -1]),
+    )
+)
+def test_token_soup_is_what_its_definition_says(text):
+    """``_monotonous``, written for speed, against its definition: after non-[a-z0-9]
+    characters go, at least ``MIN_ENTITY_CHARS`` left and few distinct ones, a pattern of
+    up to 4 repeated, or every step between neighbours +1 (or every one -1)."""
+    body = re.sub(r"[^a-z0-9]", "", text.lower())
+    steps = {ord(b) - ord(a) for a, b in itertools.pairwise(body)}
+    expected = len(body) >= entities.MIN_ENTITY_CHARS and (
+        len(set(body)) <= max(2, len(body) // 8)
+        or any(body == (body[:p] * len(body))[: len(body)] for p in range(1, 5))
+        or steps <= {1}
+        or steps <= {-1}
+    )
+    assert entities._monotonous(text) == expected
 
 
 def test_checksums():

@@ -59,8 +59,11 @@ def iban_ok(iban: str) -> bool:
         return False
 
 
+_NON_DIGIT = re.compile(r"\D")
+
+
 def _digits(s: str) -> str:
-    return re.sub(r"\D", "", s)
+    return _NON_DIGIT.sub("", s)
 
 
 def _any(_: str) -> bool:
@@ -282,18 +285,31 @@ _FILLER = re.compile(
 )
 
 
+_NOT_ALNUM = re.compile(r"[^a-z0-9]")
+_SPACE_OR_HYPHEN = re.compile(r"[\s-]")
+_SECRET_PREFIX = re.compile(r"^(?:sk-(?:proj-|ant-)?|gh[pousr]_|xox[abpr]-|akia)")
+
+
 def _monotonous(text: str) -> bool:
     """Token soup: few distinct characters, one short pattern repeated, or a counting run
     (``12345678``, ``abcdefgh``) -- what a filler value or a broken model writes."""
-    body = re.sub(r"[^a-z0-9]", "", text.lower())
-    if len(body) < MIN_ENTITY_CHARS:
+    body = _NOT_ALNUM.sub("", text.lower())
+    n = len(body)
+    if n < MIN_ENTITY_CHARS:
         return False
-    if len(set(body)) <= max(2, len(body) // 8):
+    if len(set(body)) <= max(2, n // 8):
         return True
-    if any(body == (body[:p] * (len(body) // p + 1))[: len(body)] for p in range(1, 5)):
+    if any(body == (body[:p] * (n // p + 1))[:n] for p in range(1, 5)):
         return True
-    steps = {ord(b) - ord(a) for a, b in zip(body, body[1:], strict=False)}
-    return steps <= {1} or steps <= {-1}
+    # A counting run: each character the one after (or before) the one before it.
+    first = ord(body[0])
+    return body in (_counting_run(first, n, 1), _counting_run(first, n, -1))
+
+
+def _counting_run(first: int, n: int, step: int) -> str:
+    """``n`` characters from code point ``first`` on, ``step`` apart (fewer where they
+    would leave Unicode's range)."""
+    return "".join(map(chr, range(first, max(-1, min(first + step * n, 0x110000)), step)))
 
 
 def is_placeholder(kind: str, value: str) -> bool:
@@ -306,7 +322,7 @@ def is_placeholder(kind: str, value: str) -> bool:
         mailbox, _, domain = low.partition("@")
         return bool(_EXAMPLE_DOMAIN.search(domain) or _PLACEHOLDER_MAILBOX.search(mailbox))
     digits = _digits(value)
-    if re.sub(r"[\s-]", "", low) in _DOCUMENTED or (digits and digits in _DOCUMENTED):
+    if _SPACE_OR_HYPHEN.sub("", low) in _DOCUMENTED or (digits and digits in _DOCUMENTED):
         return True
     if kind == "national_id" and len(digits) == 9:
         area, group, serial = digits[:3], digits[3:5], digits[5:]
@@ -317,7 +333,7 @@ def is_placeholder(kind: str, value: str) -> bool:
     if _FILLER.search(value):
         return True
     if kind in ("api_key", "token", "digit_id", "card", "url_secret"):
-        return _monotonous(re.sub(r"^(?:sk-(?:proj-|ant-)?|gh[pousr]_|xox[abpr]-|akia)", "", low))
+        return _monotonous(_SECRET_PREFIX.sub("", low))
     return False
 
 
