@@ -28,25 +28,15 @@ seconds: Counter[str] = Counter()
 calls: Counter[str] = Counter()
 
 
-def timed_observe(observe):
+def timed(function, name_of):
+    """``function``, its calls counted and timed under ``name_of(args)``."""
+
     def call(*args, **kwargs):
         started = time.perf_counter()
         try:
-            return observe(*args, **kwargs)
+            return function(*args, **kwargs)
         finally:
-            seconds["observe_prompt"] += time.perf_counter() - started
-            calls["observe_prompt"] += 1
-
-    return call
-
-
-def timed_scan(scan):
-    def call(monitor, method, *args):
-        started = time.perf_counter()
-        try:
-            return scan(monitor, method, *args)
-        finally:
-            name = getattr(method, "__name__", "scan")
+            name = name_of(args)
             seconds[name] += time.perf_counter() - started
             calls[name] += 1
 
@@ -54,8 +44,9 @@ def timed_scan(scan):
 
 
 def main(argv: list[str]) -> int:
-    Engine.observe_prompt = timed_observe(Engine.observe_prompt)
-    ExchangeMonitor._scan = timed_scan(ExchangeMonitor._scan)
+    Engine.observe_prompt = timed(Engine.observe_prompt, lambda args: "observe_prompt")
+    # ExchangeMonitor._scan(monitor, method, *args): the scan's method names the call
+    ExchangeMonitor._scan = timed(ExchangeMonitor._scan, lambda args: args[1].__name__)
     started = time.perf_counter()
     try:
         status = cli.main(["replay", *argv])

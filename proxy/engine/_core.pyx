@@ -1746,6 +1746,17 @@ cdef class ShortWords:
 
 
 @cython.final
+@cython.final
+cdef class Matched:
+    """What the slow path read of some k-grams (``DeltaScanner._match``): the private
+    ones not found foreign, how many were private before that, their owners where they
+    have any, those whose use the sketch must count, and the runs they touched."""
+    cdef set private, touched
+    cdef long kept
+    cdef dict holders
+    cdef list unowned
+
+
 cdef class DeltaScanner:
     """The common case of ``ResponseScan.feed``'s fragment scan in one call: the streaming
     tokenizer's step (``StreamTokenizer.feed``, on that object's own state), unit hashes
@@ -2144,10 +2155,13 @@ cdef class DeltaScanner:
             return False  # common text: neither private nor to be counted again
         if tenant_owned is None or fp not in tenant_owned:
             to_count.push(fp)  # this tenant's own text is counted already
-        if self.baseline.has(fp):
-            return False
+        return not self._public(fp)
+
+    cdef inline bint _public(self, uint64_t fp) noexcept:
+        """``fp`` is shared by design: in the baseline, or in its corpus."""
         cdef Py_ssize_t corpus_size = self.corpus.shape[0]
-        return not (corpus_size and sorted_has(&self.corpus[0], corpus_size, fp))
+        return self.baseline.has(fp) or (
+            corpus_size > 0 and sorted_has(&self.corpus[0], corpus_size, fp))
 
     cdef list _scan_held(self, ScanFields response, ChoiceColumns state, choice,
                          Py_ssize_t first, Py_ssize_t n, Py_ssize_t held, set tenant_owned):
@@ -2160,51 +2174,24 @@ cdef class DeltaScanner:
         cdef uint64_t* grams = self.grams
         cdef Py_ssize_t* held_at = self.held_at
         cdef list fps = list_at(grams, held_at, held)
-        cdef tuple classified = self._classify_all(self.requests, response.tenant, fps)
-        cdef list is_private = classified[0], owners = classified[1], unowned = classified[2]
-        cdef set private = set(), touched = set()
-        cdef dict holders = {}
-        cdef Py_ssize_t i, j, kept = 0
-        cdef double horizon = response._now - self.window_seconds
-        cdef list foreign
-        for j in range(held):
-            if is_private[j]:
-                private.add(fps[j])
-                kept += 1
-        for j in range(held):
-            values = owners[j]
-            if values:
-                holders[fps[j]] = values
-            if not values or not is_private[j]:
-                continue
-            foreign = self._foreign_values(response, values, horizon)
-            for value in foreign:
-                state._cover(value, first + held_at[j], self.k, fps[j],
-                             self._specific_units(value))
-                touched.add(value)
-            if foreign:
-                # Another tenant's text in this output is not this tenant's text: it must
-                # not make a later leak of it to the same tenant look like its own.
-                private.discard(fps[j])
+        cdef Matched matched = self._match(response, state, first, fps, held_at)
         # The delta in order, the held k-grams in their places: the index's order.
         cdef const unsigned short* flat = &self.flat[0]
         cdef Column to_count = response._to_count
         cdef list to_index = []
-        cdef uint64_t fp
-        j = 0
+        cdef Py_ssize_t i, j = 0
+        cdef long kept = matched.kept
         for i in range(n):
             if j < held and held_at[j] == i:
-                if fps[j] in private:
+                if fps[j] in matched.private:
                     to_index.append(fps[j])
                 j += 1
-                continue
-            fp = grams[i]
-            if self._private(flat, fp, tenant_owned, to_count):
-                to_index.append(fp)
+            elif self._private(flat, grams[i], tenant_owned, to_count):
+                to_index.append(grams[i])
                 kept += 1
         state.private_kgrams += kept
-        self._learn_from(response, unowned, holders, to_index)
-        return self._fragment_findings(response, state, choice, touched)
+        self._learn_from(response, matched.unowned, matched.holders, to_index)
+        return self._fragment_findings(response, state, choice, matched.touched)
 
     def classify(self, dict requests, str tenant, list fps):
         """``Engine._classify``: per k-gram, whether it is still private (not common,
@@ -2227,7 +2214,7 @@ cdef class DeltaScanner:
         if frozen is None:
             frozen = self.index.frozen()
         cdef const unsigned short* flat = &self.flat[0]
-        cdef Py_ssize_t i, n = stop - start, corpus_size = self.corpus.shape[0]
+        cdef Py_ssize_t i, n = stop - start
         cdef uint64_t fp
         cdef list held = []
         # 0: common; 1: not held; 2: held (its owners decide)
@@ -2264,20 +2251,15 @@ cdef class DeltaScanner:
                     unowned.append(item)
             else:
                 unowned.append(item)
-            fp = <uint64_t>item
-            if keep and self.baseline.has(fp):
-                keep = False
-            if keep and corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
-                keep = False
-            if keep:
+            if keep and not self._public(<uint64_t>item):
                 private.append(item)
         return private, unowned
 
     cdef tuple _classify_all(self, dict requests, str tenant, list fps):
         cdef list owners = self.index.lookup(fps), private = [], unowned = []
-        cdef Py_ssize_t i, n = len(fps), corpus_size = self.corpus.shape[0]
+        cdef Py_ssize_t i, n = len(fps)
         cdef uint64_t fp
-        cdef bint common, keep
+        cdef bint common
         cdef const unsigned short* flat = &self.flat[0]
         for i in range(n):
             if i + AHEAD < n:  # a prompt's k-grams: their sketch misses overlap
@@ -2287,12 +2269,7 @@ cdef class DeltaScanner:
             fp = <uint64_t>item
             common = not sketch_below(flat, self.seeds, self.depth, self.mask,
                                       self.width, fp, self.common_tenants)
-            keep = not common and len(values) < 64
-            if keep and self.baseline.has(fp):
-                keep = False
-            if keep and corpus_size and sorted_has(&self.corpus[0], corpus_size, fp):
-                keep = False
-            private.append(keep)
+            private.append(not common and len(values) < 64 and not self._public(fp))
             if not common and not (values and owned_by(requests, tenant, values)):
                 unowned.append(item)
         return private, owners, unowned
@@ -2309,45 +2286,55 @@ cdef class DeltaScanner:
 
     cdef list _scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
                            Py_ssize_t first, list fps, bint final):
-        cdef Py_ssize_t n = len(fps), i
-        if n == 0:
+        if not fps:
             if not final:
                 return []
             state.complete = True  # candidates that waited for a next unit decide now
             return self._fragment_findings(response, state, choice, set(state.runs))
+        cdef Matched matched = self._match(response, state, first, fps, NULL)
+        state.private_kgrams += matched.kept
+        self._learn_from(response, matched.unowned, matched.holders,
+                         [fp for fp in fps if fp in matched.private])
+        if final:
+            # Every unit has arrived: candidates that waited for their next unit decide.
+            state.complete = True
+            matched.touched.update(state.runs)
+        return self._fragment_findings(response, state, choice, matched.touched)
+
+    cdef Matched _match(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
+                        list fps, const Py_ssize_t* at):
+        """The slow path's reading of ``fps`` (``at[i]`` the place of ``fps[i]`` among
+        the new k-grams, the first at unit ``first``; NULL: one after the other):
+        classified, and each private one that another tenant's request holds covering
+        that request's run of this choice. Writes nothing but the choice's runs."""
         cdef tuple classified = self._classify_all(self.requests, response.tenant, fps)
-        cdef list is_private = classified[0], owners = classified[1], unowned = classified[2]
-        cdef set private = set(), touched = set()
-        cdef long kept = 0
+        cdef list is_private = classified[0], owners = classified[1]
+        cdef Matched matched = Matched.__new__(Matched)
+        matched.unowned, matched.private, matched.touched = classified[2], set(), set()
+        matched.holders, matched.kept = {}, 0
+        cdef Py_ssize_t i, n = len(fps)
         for i in range(n):
             if is_private[i]:
-                private.add(fps[i])
-                kept += 1
-        state.private_kgrams += kept
+                matched.private.add(fps[i])
+                matched.kept += 1
         cdef double horizon = response._now - self.window_seconds
         cdef list foreign
         for i in range(n):
             values = owners[i]
+            if values:
+                matched.holders[fps[i]] = values
             if not values or not is_private[i]:
                 continue
             foreign = self._foreign_values(response, values, horizon)
             for value in foreign:
-                state._cover(value, first + i, self.k, fps[i], self._specific_units(value))
-                touched.add(value)
+                state._cover(value, first + (i if at == NULL else at[i]), self.k, fps[i],
+                             self._specific_units(value))
+                matched.touched.add(value)
             if foreign:
                 # Another tenant's text in this output is not this tenant's text: it must
                 # not make a later leak of it to the same tenant look like its own.
-                private.discard(fps[i])
-        cdef dict holders = {}
-        for i in range(n):
-            if owners[i]:
-                holders[fps[i]] = owners[i]
-        self._learn_from(response, unowned, holders, [fp for fp in fps if fp in private])
-        if final:
-            # Every unit has arrived: candidates that waited for their next unit decide.
-            state.complete = True
-            touched.update(state.runs)
-        return self._fragment_findings(response, state, choice, touched)
+                matched.private.discard(fps[i])
+        return matched
 
     cdef list _foreign_values(self, ScanFields response, tuple values, double horizon):
         """``ResponseScan._foreign_values``: the index values (request slot and

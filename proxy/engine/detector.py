@@ -1207,7 +1207,8 @@ class _ChoiceState(_core.ChoiceColumns):
 def beyond(units: list[int], of: list[int]) -> list[int]:
     """The units that ``units`` holds more often than ``of`` does (``Counter(units) -
     Counter(of)``'s keys, some repeated), in order: each of ``of``'s uses takes away one
-    of ``units``'. Half the time of the two Counters and their difference."""
+    of ``units``'. A third less time than the two Counters and their difference (on
+    the replay capture's conversations)."""
     left = Counter(of)
     kept = []
     for unit in units:

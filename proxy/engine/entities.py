@@ -14,6 +14,7 @@ Matching is on lowercased text, exactly: a leaked page is a verbatim copy.
 from __future__ import annotations
 
 import re
+import string
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -144,8 +145,6 @@ class RunBeforePattern:
                 pos = at + 1
 
 
-_ASCII_WORD = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
-
 # (kind, pattern, validator). Order matters: the first kind to claim a span wins.
 _PATTERNS: list[
     tuple[str, re.Pattern[str] | AnchoredPattern | RunBeforePattern, Callable[[str], bool]]
@@ -155,7 +154,7 @@ _PATTERNS: list[
         RunBeforePattern(
             re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)*\.[a-z]{2,}", re.I | re.A),
             at="@",
-            run=frozenset(_ASCII_WORD + ".+-"),
+            run=frozenset(string.ascii_letters + string.digits + "_.+-"),  # re.A's \w
         ),
         _any,
     ),

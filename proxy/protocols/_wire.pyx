@@ -325,7 +325,8 @@ def openai_event_deltas(parser, object data, str route, delta_type):
         if chat:
             value = (<dict>choice).get("delta")
             text = None
-            if value is not None and value != {}:  # {}: a last event, with its finish
+            # {}: a last event, with its finish (tested as a dict, not against a new {})
+            if value is not None and not (type(value) is dict and not <dict>value):
                 if type(value) is not dict or len(<dict>value) > 2:
                     return event
                 text = (<dict>value).get("content")
