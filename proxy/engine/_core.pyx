@@ -2182,6 +2182,8 @@ cdef class DeltaScanner:
         cdef Py_ssize_t i, j = 0
         cdef long kept = matched.kept
         for i in range(n):
+            if i + AHEAD < n:  # as _classify's loop: a whole response's misses overlap
+                prefetch(flat + sketch_cell(self.seeds, 0, self.mask, self.width, grams[i + AHEAD]))
             if j < held and held_at[j] == i:
                 if fps[j] in matched.private:
                     to_index.append(fps[j])
