@@ -1,6 +1,7 @@
-"""Builds crosstalk's compiled parts (``proxy/engine/_core.pyx``, the engine's core, and
-``proxy/protocols/_wire.pyx``, the per-event steps of a stream; Cython) with the machine's C
-compiler; everything else about the package is in ``pyproject.toml``.
+"""Builds crosstalk's compiled parts (``proxy/engine/_core.pyx``, the engine's core;
+``proxy/protocols/_wire.pyx``, the per-event steps of a stream; and
+``proxy/pipeline/_monitor.pyx``, an exchange monitor's per-event path; Cython) with the
+machine's C compiler; everything else about the package is in ``pyproject.toml``.
 
 Without a working C compiler the install stops with a message that names what to
 install, instead of a compiler's traceback.
@@ -16,8 +17,8 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 TOOLCHAIN_ERRORS = (CCompilerError, ExecError, PlatformError)
 
 NO_COMPILER = """
-crosstalk: building the compiled parts (proxy/engine/_core.pyx, proxy/protocols/_wire.pyx)
-needs a C compiler and Python's headers, and this one failed:
+crosstalk: building the compiled parts (proxy/engine/_core.pyx, proxy/protocols/_wire.pyx,
+proxy/pipeline/_monitor.pyx) needs a C compiler and Python's headers, and this one failed:
 
     {error}
 
@@ -43,6 +44,7 @@ setup(
     ext_modules=[
         Extension("proxy.engine._core", ["proxy/engine/_core.pyx"]),
         Extension("proxy.protocols._wire", ["proxy/protocols/_wire.pyx"]),
+        Extension("proxy.pipeline._monitor", ["proxy/pipeline/_monitor.pyx"]),
     ],
     cmdclass={"build_ext": BuildCore},
 )

@@ -1,7 +1,8 @@
 """The compiled parts under AddressSanitizer and UndefinedBehaviorSanitizer (issue 16's
 memory-safety run; not in CI: a sanitized build and a slowed test run).
 
-Builds ``proxy/engine/_core.pyx`` and ``proxy/protocols/_wire.pyx`` with
+Builds ``proxy/engine/_core.pyx``, ``proxy/protocols/_wire.pyx`` and
+``proxy/pipeline/_monitor.pyx`` with
 ``-fsanitize=address,undefined`` (the ordinary ``pip wheel`` of a copy of the tree, so
 Cython comes from the build requirements), puts those extensions into the copy, and runs
 the tests that drive them there, with the
@@ -38,9 +39,10 @@ DEFAULT_TESTS = (
     "tests/test_engine.py",
     "tests/test_sse.py",
     "tests/test_fuzz.py",
+    "tests/test_shadow_deferred.py",
 )
 # The compiled extensions of the package, each checked to be the sanitized one.
-EXTENSIONS = ("proxy.engine._core", "proxy.protocols._wire")
+EXTENSIONS = ("proxy.engine._core", "proxy.protocols._wire", "proxy.pipeline._monitor")
 # A double free through ctypes: the preloaded runtime must report it, or it is not active.
 SELF_CHECK = (
     "import ctypes; libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; "

@@ -21,7 +21,9 @@ cd "$work"  # away from the checkout: only the installed package can be imported
 for data in vocabulary/en.txt baseline/boilerplate.txt advisories.toml; do
     grep -q "proxy/defaults/$data" "$work/contents.txt" || { echo "wheel lacks proxy/defaults/$data" >&2; exit 1; }
 done
-grep -Eq "proxy/engine/_core\..*(so|pyd)" "$work/contents.txt" || { echo "wheel lacks the compiled core" >&2; exit 1; }
+for ext in engine/_core protocols/_wire pipeline/_monitor; do
+    grep -Eq "proxy/$ext\..*(so|pyd)" "$work/contents.txt" || { echo "wheel lacks the compiled proxy/$ext" >&2; exit 1; }
+done
 
 port=$("$work/venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$work/venv/bin/crosstalk" sim --port "$port" --engine vllm --engine-version 0.10.2 >"$work/sim.log" 2>&1 &

@@ -26,8 +26,9 @@ from typing import Any
 
 from proxy.engine import Finding, ResponseScan
 from proxy.engine.tokens import words_in  # noqa: F401 -- part of this module's API
+from proxy.pipeline._monitor import MonitorFields, expose
 from proxy.pipeline.gate import StreamGate
-from proxy.protocols import OutputDelta, ProtocolError, Route, StreamParserLike, as_route
+from proxy.protocols import ProtocolError, Route, StreamParserLike, as_route
 from proxy.protocols.decoding import Decoder, UnsupportedEncoding, stream_decoder
 from proxy.protocols.sse import SSEDecoder, SSEFramer
 
@@ -126,9 +127,11 @@ def _no_findings(monitor: ExchangeMonitor, findings: list[Finding]) -> None:
     """The findings callback of a released monitor (none can come)."""
 
 
+@expose
 @dataclass
-class ExchangeMonitor:
-    """Per-exchange state: identity, timings, the scan, the gate, and what was seen."""
+class ExchangeMonitor(MonitorFields):
+    """Per-exchange state: identity, timings, the scan, the gate, and what was seen.
+    Every event's steps (``on_chunk``, ``_deliver``) are compiled, in ``MonitorFields``."""
 
     route: Route  # an OpenAI route name ("chat", "completions") is accepted too
     tenant: str
@@ -239,19 +242,11 @@ class ExchangeMonitor:
             self._framer = SSEFramer()
             self._gate = StreamGate(self.enforcement.holdback_words)
 
-    def on_chunk(self, chunk: bytes) -> list[bytes]:
-        """One raw chunk of the SSE body as received (``b""`` at the end); returns what
-        to send to the client now."""
-        if self.first_output is None and chunk:
-            self.first_output = time.monotonic()
-        if self._gate is None:  # shadow, or enforcement that failed open
-            if self._must_fail_closed():
-                return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
-            if self.defer is None:
-                self._shadow_chunk(chunk)
-            else:
-                self._queue_chunk(chunk)
-            return [chunk] if chunk else []
+    # on_chunk(chunk) -> list[bytes], and the shadow path it takes (_shadow_chunk,
+    # _deliver): compiled, MonitorFields' (proxy/pipeline/_monitor.pyx).
+
+    def _gated_chunk(self, chunk: bytes) -> list[bytes]:
+        """``on_chunk`` of an enforced stream (the gate holds back its words)."""
         if self._gate.cut_done:
             return []
         self._mark_cpu()
@@ -322,26 +317,6 @@ class ExchangeMonitor:
         finally:
             self.defer = defer
 
-    def _shadow_chunk(self, chunk: bytes) -> None:
-        """Parse (and, until the detector fails, scan) one chunk already passed on.
-        After a failure the stream is still parsed, so that the exchange line's counts,
-        model and errors describe all of it; a failure once scanning has stopped can only
-        be the parsing's own, and the rest passes unparsed."""
-        if self._sse is None or self._decode is None:
-            return
-        try:
-            plain = self._decode(chunk)
-            events = self._sse.feed(plain) if chunk else self._sse.close()
-            for event in events:
-                self._deliver(self._parser.feed(event))
-            if not chunk:
-                self._end_of_stream()
-        except Exception as e:  # noqa: BLE001
-            if self.detector_error is None:
-                self._fail(e)
-            else:
-                self._sse = None
-
     def _enforce_chunk(self, chunk: bytes) -> list[bytes]:
         # A failure before the stream (its prompt not observed) leaves it unscanned and
         # gated as it was; one while scanning it fails open or closed at once.
@@ -395,8 +370,11 @@ class ExchangeMonitor:
         """The detector failed mid-stream. Fail closed: cut. Fail open: release every
         byte received so far, in order, and pass the rest through unscanned."""
         if self._must_fail_closed():
-            return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
+            return self._cut_failed()
         return self._release_all(ended=ended)
+
+    def _cut_failed(self) -> list[bytes]:
+        return self._cut(FAILED_CLOSED_MESSAGE, "detector_failed")
 
     def _release_all(self, *, ended: bool) -> list[bytes]:
         """Stop gating: every byte held or received so far, in order; later chunks
@@ -470,44 +448,6 @@ class ExchangeMonitor:
         self.upstream_error = self._parser.error
         self.model = self.model or self._parser.model
         self._finish()
-
-    def _deliver(self, deltas: list[OutputDelta]) -> None:
-        for delta in deltas:
-            self.output_chars += len(delta.text)
-            if self.keep_text:
-                self._texts.setdefault(delta.choice, []).append(delta.text)
-            if self.on_delta is not None:
-                self.on_delta(delta.choice, delta.text)
-            if self.detector_error is not None:
-                continue  # failed (open): counted, never scanned again
-            if self.scan is None and self.pending_observe is None:
-                continue  # no prompt to scan against (unparsed request, failed observe)
-            text = delta.text
-            if self.max_scan_chars and self.output_chars > self.max_scan_chars:
-                text = self._cut_at_cap(text)
-            if not text:
-                continue
-            # A failure stops the scan, not the count of this event's later deltas;
-            # the caller sees ``detector_error`` and fails open or closed.
-            try:
-                self._scan_delta(text, delta.choice)
-            except Exception as e:  # noqa: BLE001
-                self._fail(e)
-
-    def _scan_delta(self, text: str, choice: int) -> None:
-        if self.scan_batch_chars and self.enforcement is None:
-            self._batched.setdefault(choice, []).append(text)
-            self._batched_chars += len(text)
-            if self._batched_chars >= self.scan_batch_chars:
-                self._feed_batched()
-        elif self.scan is not None:
-            self._scan(self.scan.feed, text, choice)
-
-    def _cut_at_cap(self, text: str) -> str:
-        """The part of a delta (already counted in ``output_chars``, which is past
-        ``max_scan_chars``) that is still within it, maybe none; the exchange is capped."""
-        self.scan_capped = True
-        return text[: max(0, len(text) - (self.output_chars - self.max_scan_chars))]
 
     def _feed_batched(self) -> None:
         batched, self._batched, self._batched_chars = self._batched, {}, 0

@@ -1,0 +1,147 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""An exchange monitor's per-event path, compiled (issue 16).
+
+Every event of every stream takes this path: a chunk is decoded, its SSE events read,
+each event's output deltas counted, handed to the observers and batched for the
+engine. In Python that was ten or so calls an event, ~1.8 us of a replayed event's
+~3.3 us, while the engine is called once per batch of ~64 characters. Here the fields
+those steps read and write are C fields of ``MonitorFields``, which
+``pipeline.exchange.ExchangeMonitor`` extends (its docstring and fields say what each
+is for), and the steps are its methods. What runs rarely (a scan call, a failure, the
+end of a stream, enforce mode's gate) stays in Python, in the monitor, and is called
+from here.
+"""
+
+import time
+
+
+cdef class MonitorFields:
+    """The fields of ``ExchangeMonitor`` that every delta reads or writes, and the steps
+    that do. ``FIELDS`` names them (the dataclass declares them; ``expose`` makes its
+    class read them here). Not ``scan``: a field without a default, which the dataclass
+    would take a C field's descriptor for."""
+
+    cdef public object detector_error
+    cdef public object pending_observe
+    cdef public object enforcement
+    cdef public object on_delta
+    cdef public object defer
+    cdef public object first_output
+    cdef public object _sse
+    cdef public object _decode
+    cdef public object _parser
+    cdef public object _gate
+    cdef public bint keep_text
+    cdef public bint scan_capped
+    cdef public Py_ssize_t output_chars
+    cdef public Py_ssize_t max_scan_chars
+    cdef public Py_ssize_t scan_batch_chars
+    cdef public Py_ssize_t _batched_chars
+    cdef public dict _texts
+    cdef public dict _batched
+
+    FIELDS = (
+        "detector_error", "pending_observe", "enforcement", "on_delta", "defer",
+        "first_output", "_sse", "_decode", "_parser", "_gate", "keep_text", "scan_capped",
+        "output_chars", "max_scan_chars", "scan_batch_chars", "_batched_chars", "_texts",
+        "_batched",
+    )
+
+    def on_chunk(self, chunk):
+        """One raw chunk of the SSE body as received (``b""`` at the end); returns what
+        to send to the client now."""
+        if self.first_output is None and chunk:
+            self.first_output = time.monotonic()
+        if self._gate is None:  # shadow, or enforcement that failed open
+            if self.detector_error is not None and self._must_fail_closed():
+                return self._cut_failed()
+            if self.defer is None:
+                self._shadow(chunk)
+            else:
+                self._queue_chunk(chunk)
+            return [chunk] if chunk else []
+        return self._gated_chunk(chunk)
+
+    def _shadow_chunk(self, chunk):
+        """Parse (and, until the detector fails, scan) one chunk already passed on.
+        After a failure the stream is still parsed, so that the exchange line's counts,
+        model and errors describe all of it; a failure once scanning has stopped can only
+        be the parsing's own, and the rest passes unparsed."""
+        self._shadow(chunk)
+
+    cdef _shadow(self, chunk):
+        if self._sse is None or self._decode is None:
+            return
+        try:
+            plain = self._decode(chunk)
+            events = self._sse.feed(plain) if chunk else self._sse.close()
+            for event in events:
+                self._deliver_all(self._parser.feed(event))
+            if not chunk:
+                self._end_of_stream()
+        except Exception as e:
+            if self.detector_error is None:
+                self._fail(e)
+            else:
+                self._sse = None
+
+    def _deliver(self, deltas):
+        """Count each delta, hand it to ``on_delta``, and scan it (``_scan_delta``)
+        while there is a scan and the detector has not failed."""
+        self._deliver_all(deltas)
+
+    cdef _deliver_all(self, deltas):
+        cdef Py_ssize_t length
+        for delta in deltas:
+            choice, text = delta
+            length = len(text)
+            self.output_chars += length
+            if self.keep_text:
+                self._texts.setdefault(choice, []).append(text)
+            if self.on_delta is not None:
+                self.on_delta(choice, text)
+            if self.detector_error is not None:
+                continue  # failed (open): counted, never scanned again
+            if self.scan is None and self.pending_observe is None:
+                continue  # no prompt to scan against (unparsed request, failed observe)
+            if self.max_scan_chars and self.output_chars > self.max_scan_chars:
+                text = self._cut_at_cap(text)
+                length = len(text)
+            if not length:
+                continue
+            # A failure stops the scan, not the count of this event's later deltas;
+            # the caller sees ``detector_error`` and fails open or closed.
+            try:
+                self._scan_delta(text, choice, length)
+            except Exception as e:
+                self._fail(e)
+
+    cdef _scan_delta(self, str text, choice, Py_ssize_t length):
+        cdef list batch
+        if self.scan_batch_chars and self.enforcement is None:
+            batch = self._batched.get(choice)
+            if batch is None:
+                self._batched[choice] = [text]
+            else:
+                batch.append(text)
+            self._batched_chars += length
+            if self._batched_chars >= self.scan_batch_chars:
+                self._feed_batched()
+        elif self.scan is not None:
+            self._scan(self.scan.feed, text, choice)
+
+    cdef str _cut_at_cap(self, str text):
+        """The part of a delta (already counted in ``output_chars``, which is past
+        ``max_scan_chars``) that is still within it, maybe none; the exchange is capped."""
+        self.scan_capped = True
+        return text[: max(0, len(text) - (self.output_chars - self.max_scan_chars))]
+
+
+def expose(cls):
+    """Let ``cls``, a dataclass over ``MonitorFields``, read and write the fields here:
+    the dataclass leaves each field's default as a class attribute, which would hide
+    them (its ``__init__`` keeps the defaults)."""
+    for name in MonitorFields.FIELDS:
+        if name in cls.__dict__:
+            delattr(cls, name)
+    return cls
