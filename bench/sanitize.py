@@ -30,8 +30,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The core's parity tests, the engine's, the SSE decoder's, and the parsers' fuzz targets:
-# deterministic. The end-to-end tests also reach the core, but compare live streams whose
+# The core's parity tests, the engine's, the SSE decoder's, the parsers' fuzz targets, and
+# the monitor's per-event path (its properties, the deferred shadow path): deterministic. The end-to-end tests also reach the core, but compare live streams whose
 # interleaving the sanitizers' slowdown changes (test_replay failed so once, with no
 # sanitizer report).
 DEFAULT_TESTS = (
@@ -39,6 +39,7 @@ DEFAULT_TESTS = (
     "tests/test_engine.py",
     "tests/test_sse.py",
     "tests/test_fuzz.py",
+    "tests/test_shadow_path.py",
     "tests/test_shadow_deferred.py",
 )
 # The compiled extensions of the package, each checked to be the sanitized one.

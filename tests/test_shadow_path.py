@@ -1,14 +1,18 @@
 """The shadow path of a streamed response (compiled: proxy/pipeline/_monitor.pyx), held
 to what it must do whatever the chunking: every delta counted and shown to ``on_delta``
-in order, the output scanned in order in batches of at least ``scan_batch_chars`` (the
-last one excepted), nothing past ``max_scan_chars`` scanned, a failing scan stopping the
-scan and not the count."""
+in order, the output scanned in order (a call a delta, or batches of
+``scan_batch_chars``: no more calls than that makes), nothing past ``max_scan_chars``
+scanned, a failing scan stopping the scan and not the count."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from proxy.pipeline._monitor import MonitorFields, expose
 
 from proxy.pipeline.exchange import ExchangeMonitor
 
@@ -102,3 +106,20 @@ def test_every_chunking_counts_and_scans_the_same_output(deltas, cuts, batch, ca
     else:  # a batch is fed once it holds enough (each choice's part), and at the end
         batches = sum(len(t) for _, t in scanned) // batch + 1
         assert len(scan.fed) <= 2 * batches
+
+
+def test_a_monitor_field_declared_without_a_default_is_refused():
+    # The dataclass would take the C field's descriptor for its default: a silent bug.
+    with pytest.raises(TypeError, match="on_delta: a field of MonitorFields needs a default"):
+
+        @expose
+        @dataclass
+        class Monitor(MonitorFields):
+            on_delta: object
+
+    @expose
+    @dataclass
+    class Fine(MonitorFields):
+        on_delta: object = None
+
+    assert Fine().on_delta is None and Fine(on_delta=print).on_delta is print

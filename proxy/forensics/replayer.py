@@ -221,14 +221,13 @@ def paced_pieces(response: RecordedResponse) -> Iterable[tuple[float, bytes]]:
     first and last byte."""
     body = response.body
     if not body:
-        return ()
+        return []
     chunks = response.chunks
     if chunks and sum(size for size, _ in chunks) == len(body):
-        recorded, offset = [], 0
-        for size, when in chunks:
-            recorded.append((when, body[offset : offset + size]))
-            offset += size
-        return recorded
+        ends = itertools.accumulate(size for size, _ in chunks)  # cut as they come
+        return (
+            (when, body[end - size : end]) for (size, when), end in zip(chunks, ends, strict=True)
+        )
     encoding = (response.headers.get("content-encoding") or "identity").strip().lower()
     if encoding in ("", "identity", "none"):
         framer = SSEFramer()

@@ -7,19 +7,26 @@ engine. In Python that was ten or so calls an event, ~1.8 us of a replayed event
 ~3.3 us, while the engine is called once per batch of ~64 characters. Here the fields
 those steps read and write are C fields of ``MonitorFields``, which
 ``pipeline.exchange.ExchangeMonitor`` extends (its docstring and fields say what each
-is for), and the steps are its methods. What runs rarely (a scan call, a failure, the
-end of a stream, enforce mode's gate) stays in Python, in the monitor, and is called
-from here.
+is for), and the steps are its methods. What runs once a batch or less (a scan call, a
+failure, the end of a stream) stays in Python, in the monitor, and is called from here;
+so do enforce mode's gate and the live proxy's deferred shadow path (``defer``: its
+queue, ``_run_queued``, is Python, a call a chunk, which then takes this path).
+
+``on_chunk`` calls the steps below as C functions: replacing ``_shadow_chunk`` or
+``_deliver`` on a monitor (a spy, a benchmark's timer) catches only the calls that go
+through Python (the deferred path, enforce mode, ``on_body``).
 """
 
 import time
+from dataclasses import MISSING
 
 
 cdef class MonitorFields:
     """The fields of ``ExchangeMonitor`` that every delta reads or writes, and the steps
-    that do. ``FIELDS`` names them (the dataclass declares them; ``expose`` makes its
-    class read them here). Not ``scan``: a field without a default, which the dataclass
-    would take a C field's descriptor for."""
+    that do. ``FIELDS`` names them (the dataclass declares them, each with a default;
+    ``expose`` makes its class read them here). Not ``scan``: a field without a default,
+    which the dataclass would take a C field's descriptor for. The counts and limits are
+    C integers (``None`` is not "no limit": 0 is), the dicts plain dicts."""
 
     cdef public object detector_error
     cdef public object pending_observe
@@ -86,8 +93,10 @@ cdef class MonitorFields:
                 self._sse = None
 
     def _deliver(self, deltas):
-        """Count each delta, hand it to ``on_delta``, and scan it (``_scan_delta``)
-        while there is a scan and the detector has not failed."""
+        """Count each delta, hand it to ``on_delta``, and scan it while the detector has
+        not failed and there is a scan, or a prompt still to observe (``pending_observe``:
+        batched meanwhile): in batches of ``scan_batch_chars`` in shadow mode, else a
+        call a delta."""
         self._deliver_all(deltas)
 
     cdef _deliver_all(self, deltas):
@@ -116,7 +125,7 @@ cdef class MonitorFields:
             except Exception as e:
                 self._fail(e)
 
-    cdef _scan_delta(self, str text, choice, Py_ssize_t length):
+    cdef _scan_delta(self, text, choice, Py_ssize_t length):
         cdef list batch
         if self.scan_batch_chars and self.enforcement is None:
             batch = self._batched.get(choice)
@@ -130,7 +139,7 @@ cdef class MonitorFields:
         elif self.scan is not None:
             self._scan(self.scan.feed, text, choice)
 
-    cdef str _cut_at_cap(self, str text):
+    cdef _cut_at_cap(self, text):
         """The part of a delta (already counted in ``output_chars``, which is past
         ``max_scan_chars``) that is still within it, maybe none; the exchange is capped."""
         self.scan_capped = True
@@ -140,8 +149,25 @@ cdef class MonitorFields:
 def expose(cls):
     """Let ``cls``, a dataclass over ``MonitorFields``, read and write the fields here:
     the dataclass leaves each field's default as a class attribute, which would hide
-    them (its ``__init__`` keeps the defaults)."""
+    them (its ``__init__`` keeps the defaults). Raises TypeError when ``FIELDS`` and the
+    C fields disagree, or when the dataclass declares one of them without a default (it
+    would take the C field's descriptor for its default). A C field the dataclass does
+    not declare keeps its C default."""
+    c_fields = {
+        name for name, value in vars(MonitorFields).items()
+        if type(value).__name__ in ("getset_descriptor", "member_descriptor")
+    }
+    if c_fields != set(MonitorFields.FIELDS):
+        raise TypeError(f"MonitorFields.FIELDS is not its C fields: {sorted(c_fields)}")
+    declared = cls.__dataclass_fields__
     for name in MonitorFields.FIELDS:
+        field = declared.get(name)
+        if field is None:
+            continue  # not the dataclass's: the C default (None, 0, False) stands
+        if field.default is vars(MonitorFields)[name] or (
+            field.default is MISSING and field.default_factory is MISSING
+        ):
+            raise TypeError(f"{cls.__name__}.{name}: a field of MonitorFields needs a default")
         if name in cls.__dict__:
             delattr(cls, name)
     return cls
