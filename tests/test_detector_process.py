@@ -237,7 +237,6 @@ def test_placement_follows_the_policies(tmp_path: Path):
 FINISHED_COPY = """
 import gc, sys, weakref
 from mitmproxy import http
-from proxy.mitm.degenerate import _guarded
 from proxy.mitm.detector_worker import rebuilt_flow
 from proxy.mitm.flowstate import METADATA_KEY
 from proxy.pipeline.exchange import ExchangeMonitor
@@ -251,7 +250,7 @@ def finished_copy(released):
         on_findings=lambda _, found: None, on_block=lambda _: flow.kill(),
     )
     flow.metadata[METADATA_KEY] = monitor
-    monitor.on_delta = _guarded(lambda choice, text: None, monitor)
+    monitor.on_delta = lambda choice, text: monitor.output_chars  # a cycle, as the addon's
     if released:
         monitor.release()
         flow.metadata.clear()

@@ -123,3 +123,24 @@ def test_a_monitor_field_declared_without_a_default_is_refused():
         on_delta: object = None
 
     assert Fine().on_delta is None and Fine(on_delta=print).on_delta is print
+
+
+def test_an_observer_that_raises_is_switched_off_and_the_scan_goes_on():
+    scan = RecordingScan()
+    m = ExchangeMonitor(
+        route="chat", tenant="t", request_id="r", scan=scan, on_findings=lambda *_: None
+    )
+    seen: list[str] = []
+
+    def observer(choice: int, text: str) -> None:
+        seen.append(text)
+        if text == "two ":
+            raise ValueError("the observer's own bug")
+
+    m.on_delta = observer
+    m.start_stream(None)
+    m.on_chunk(b"".join(event(0, w) for w in ("one ", "two ", "three ")))
+    m.on_chunk(b"")
+    assert seen == ["one ", "two "] and m.on_delta is None
+    assert m.detector_error is None and scan.finished
+    assert "".join(t for _, t in scan.fed) == "one two three " and m.output_chars == 14

@@ -194,31 +194,21 @@ class RateWindow:
             slots.popleft()
 
 
-class ExchangeWatch:
+class ExchangeWatch(_core.WatchFields):
     """The degenerate tests of one exchange, one detector per choice: ``on_trip(reason,
-    choice)`` is called once, for the first choice that trips (live proxy and replay)."""
+    choice)`` is called once, for the first choice that trips (live proxy and replay).
+    ``feed(choice, text)`` and the fields ``detectors``, ``reason``, ``on_trip`` are the
+    compiled ``_core.WatchFields``'."""
 
-    __slots__ = ("detectors", "reason", "on_trip")
+    __slots__ = ()
 
     def __init__(self, on_trip) -> None:
-        self.detectors: dict[int, DegenerateDetector] = {}
-        self.reason: str | None = None
-        self.on_trip = on_trip
+        super().__init__(on_trip, DegenerateDetector)
 
     def __deepcopy__(self, memo: dict) -> None:
         """Live state: never part of a copied or saved flow (mitmproxy deep-copies
         ``flow.metadata``, where the proxy keeps the watch), as ``ExchangeMonitor``."""
         return None
-
-    def feed(self, choice: int, text: str) -> None:
-        if self.reason is not None:
-            return
-        detector = self.detectors.get(choice)
-        if detector is None:
-            detector = self.detectors[choice] = DegenerateDetector()
-        reason = detector.feed(text)
-        if reason is not None:
-            self._trip(reason, choice)
 
     def finish(self) -> None:
         if self.reason is not None:

@@ -51,7 +51,7 @@ class CrossTalkDegenerate:
             )
 
         watch = flow.metadata[DEGENERATE_KEY] = ExchangeWatch(on_trip)
-        monitor.on_delta = _guarded(watch.feed, monitor)
+        monitor.on_delta = watch.feed  # switched off by the monitor if it ever raises
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._done(flow)
@@ -71,16 +71,3 @@ class CrossTalkDegenerate:
         except Exception:  # noqa: BLE001 -- a signal, never a reason to break an exchange
             return
         self.rates.add(upstream_of(flow), watch.reason is not None)
-
-
-def _guarded(feed, monitor):
-    """``feed``, switched off for the exchange at its first exception: the signal must
-    never turn into a detector failure of the exchange."""
-
-    def on_delta(choice: int, text: str) -> None:
-        try:
-            feed(choice, text)
-        except Exception:  # noqa: BLE001
-            monitor.on_delta = None
-
-    return on_delta

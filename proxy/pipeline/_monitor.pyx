@@ -108,7 +108,12 @@ cdef class MonitorFields:
             if self.keep_text:
                 self._texts.setdefault(choice, []).append(text)
             if self.on_delta is not None:
-                self.on_delta(choice, text)
+                try:
+                    self.on_delta(choice, text)
+                except Exception:
+                    # An observer's failure is not the detector's: it is switched off
+                    # for the exchange, and the scan goes on.
+                    self.on_delta = None
             if self.detector_error is not None:
                 continue  # failed (open): counted, never scanned again
             if self.scan is None and self.pending_observe is None:

@@ -181,7 +181,8 @@ class ExchangeMonitor(MonitorFields):
     # runs on the path of a byte to the client.
     defer: Callable[..., None] | None = None
     # Observers set by other addons (proxy/mitm/degenerate.py, proxy/mitm/metrics.py): every output
-    # delta (choice, text), and the seconds each engine scan call took.
+    # delta (choice, text), and the seconds each engine scan call took. An ``on_delta``
+    # that raises is switched off for the exchange (never a detector failure).
     on_delta: Callable[[int, str], None] | None = None
     on_scan: Callable[[float], None] | None = None
     _texts: dict[int, list[str]] = field(default_factory=dict)
