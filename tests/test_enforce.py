@@ -155,22 +155,29 @@ def burn(seconds: float) -> None:
 
 
 def test_an_event_whose_parsing_raised_is_released_and_never_parsed_again(engine):
-    """An observer that raises mid-event fails the detector open: the event's bytes are
-    released in order with the rest, and no delta is counted twice."""
+    """A parser that raises mid-stream fails the detector open: the event's bytes are
+    released in order with the rest, it is never parsed again, and no delta is counted
+    twice. (An ``on_delta`` observer that raises is only switched off: test_shadow_path.)"""
     words = ["a", "clean", "answer", "about", "the", "weather", "in", "Porto"]
     data = sse_stream(words)
-    m = monitor(engine, "B", "b-observer", "weather?")
-    seen: list[str] = []
+    m = monitor(engine, "B", "b-parser", "weather?")
+    parser, read = m._parser, []
 
-    def observer(choice: int, text: str) -> None:
-        seen.append(text)
-        if len(seen) == 3:
-            raise ValueError("observer")
+    class FailingOnce:  # the stream's parser, raising at its third event
+        def __getattr__(self, name):
+            return getattr(parser, name)
 
-    m.on_delta = observer
+        def feed(self, event):
+            read.append(event.data)
+            if len(read) == 3:
+                raise ValueError("parser")
+            return parser.feed(event)
+
+    m._parser = FailingOnce()
     assert feed(m, data, 1_000) == data
-    assert m.detector_error.startswith("ValueError")
-    assert m.output_chars <= sum(len(w) + 1 for w in words) and len(seen) <= len(words)
+    assert m.detector_error == "ValueError: parser"
+    assert len(read) == len(set(read)) == len(words) + 1  # each event once, [DONE] too
+    assert m.output_chars == sum(len(w) + 1 for w in words) - len("answer ")
 
 
 def test_a_stream_whose_prompt_was_not_observed_passes_gated_and_unscanned(engine):
