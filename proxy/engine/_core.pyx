@@ -1746,7 +1746,6 @@ cdef class ShortWords:
 
 
 @cython.final
-@cython.final
 cdef class Matched:
     """What the slow path read of some k-grams (``DeltaScanner._match``): the private
     ones not found foreign, how many were private before that, their owners where they
@@ -1757,6 +1756,7 @@ cdef class Matched:
     cdef list unowned
 
 
+@cython.final
 cdef class DeltaScanner:
     """The common case of ``ResponseScan.feed``'s fragment scan in one call: the streaming
     tokenizer's step (``StreamTokenizer.feed``, on that object's own state), unit hashes

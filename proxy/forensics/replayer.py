@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -333,16 +334,10 @@ class Replayer:
             when, _, steps, position = heapq.heappop(pending)
 
     def _start(self, steps: Iterator[float], position: str) -> None:
-        """Queue a record's steps at its first (a record with none does nothing)."""
-        try:
-            when = next(steps)
-        except StopIteration:
-            return
-        except Exception as e:  # noqa: BLE001 -- one broken record never ends a replay
-            self.stats.failures += 1
-            self.sink.failure(position, f"{type(e).__name__}: {e}")
-            return
-        heapq.heappush(self._pending, (when, next(self._seq), steps, position))
+        """Run a record's steps up to their first time, at once (ahead of every pending
+        step: its entry is due at -inf), and queue them there."""
+        heapq.heappush(self._pending, (-math.inf, next(self._seq), steps, position))
+        self._advance(-math.inf)
 
     # -- one HTTP exchange, as the live addon's hooks handle it ---------------------------
 

@@ -23,8 +23,8 @@ from dataclasses import MISSING
 
 cdef class MonitorFields:
     """The fields of ``ExchangeMonitor`` that every delta reads or writes, and the steps
-    that do. ``FIELDS`` names them (the dataclass declares them, each with a default;
-    ``expose`` makes its class read them here). Not ``scan``: a field without a default,
+    that do. The dataclass declares them, each with a default; ``expose`` makes its class
+    read them here. Not ``scan``: a field without a default,
     which the dataclass would take a C field's descriptor for. The counts and limits are
     C integers (``None`` is not "no limit": 0 is), the dicts plain dicts."""
 
@@ -46,13 +46,6 @@ cdef class MonitorFields:
     cdef public Py_ssize_t _batched_chars
     cdef public dict _texts
     cdef public dict _batched
-
-    FIELDS = (
-        "detector_error", "pending_observe", "enforcement", "on_delta", "defer",
-        "first_output", "_sse", "_decode", "_parser", "_gate", "keep_text", "scan_capped",
-        "output_chars", "max_scan_chars", "scan_batch_chars", "_batched_chars", "_texts",
-        "_batched",
-    )
 
     def on_chunk(self, chunk):
         """One raw chunk of the SSE body as received (``b""`` at the end); returns what
@@ -154,18 +147,15 @@ cdef class MonitorFields:
 def expose(cls):
     """Let ``cls``, a dataclass over ``MonitorFields``, read and write the fields here:
     the dataclass leaves each field's default as a class attribute, which would hide
-    them (its ``__init__`` keeps the defaults). Raises TypeError when ``FIELDS`` and the
-    C fields disagree, or when the dataclass declares one of them without a default (it
-    would take the C field's descriptor for its default). A C field the dataclass does
-    not declare keeps its C default."""
-    c_fields = {
+    them (its ``__init__`` keeps the defaults). Raises TypeError when the dataclass
+    declares one of them without a default (it would take the C field's descriptor for
+    its default). A C field the dataclass does not declare keeps its C default."""
+    c_fields = [
         name for name, value in vars(MonitorFields).items()
         if type(value).__name__ in ("getset_descriptor", "member_descriptor")
-    }
-    if c_fields != set(MonitorFields.FIELDS):
-        raise TypeError(f"MonitorFields.FIELDS is not its C fields: {sorted(c_fields)}")
+    ]
     declared = cls.__dataclass_fields__
-    for name in MonitorFields.FIELDS:
+    for name in c_fields:
         field = declared.get(name)
         if field is None:
             continue  # not the dataclass's: the C default (None, 0, False) stands
