@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from proxy import __version__
@@ -36,6 +37,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # numpy's OpenBLAS starts a thread a core at import that spins ~0.1 s of CPU (measured
+    # on every start); crosstalk does no linear algebra. Set before numpy's first import,
+    # which the commands make; the processes they start inherit it.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     if argv and argv[0] == "sim":
         # The simulator parses its own arguments: it also runs as ``python -m``.
         from proxy.sim.server import main as sim_main
