@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The per-event steps of a streamed response, compiled (issue 16): SSE decoding, and
-reading an OpenAI stream's events.
+reading an OpenAI stream's events; and cutting a byte stream into whole events.
 
 Every event of every stream is decoded and read here, a hundred or more per answer: in
 Python they took ~1.2 and ~2.5 us an event, a fifth of a replay's time.
@@ -9,11 +9,15 @@ step (``proxy.protocols.sse.SSEDecoder`` is the class the proxy uses; ``tests/te
 holds the two to the same events). ``openai_event_deltas`` reads the events of the usual
 shape and declines the others, which ``openai.StreamParser.read_event`` reads
 (``tests/test_protocols_openai.py`` holds the two to the same deltas and state).
+``frame_events`` cuts as ``sse._EVENT_END`` does (``tests/test_enforce.py`` holds it to
+the pattern).
 """
 
 import codecs
 
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.unicode cimport PyUnicode_Tailmatch
+from libc.string cimport memchr
 
 cdef extern from "Python.h":
     Py_ssize_t PyUnicode_FindChar(object, Py_UCS4, Py_ssize_t, Py_ssize_t, int) except -2
@@ -358,3 +362,59 @@ def openai_event_deltas(parser, object data, str route, delta_type):
             data, chat, one_text, index, finishes[0][1] if finishes else None
         )
     return out
+
+
+# --- whole events of a byte stream ------------------------------------------------------
+
+
+cdef inline Py_ssize_t line_end_at(const char* data, Py_ssize_t at, Py_ssize_t size) noexcept:
+    """The length of the line ending at ``at`` ("\r\n" 2, "\r" or "\n" 1), 0 if there is
+    none: one atomic group of ``sse._EVENT_END``, a "\r\n" never taken as "\r" alone."""
+    if data[at] == b"\n":
+        return 1
+    if data[at] != b"\r":
+        return 0
+    return 2 if at + 1 < size and data[at + 1] == b"\n" else 1
+
+
+cdef Py_ssize_t event_end(const char* data, Py_ssize_t start, Py_ssize_t size,
+                          bint lf_only) noexcept:
+    """Where the first event end at or after ``start`` ends (two line endings in a row,
+    ``sse._EVENT_END``'s leftmost match within ``size``), or -1."""
+    cdef Py_ssize_t at = start, first, second
+    cdef const char* found
+    while at < size:
+        if lf_only:  # most streams: memchr finds the candidates
+            found = <const char*>memchr(data + at, b"\n", size - at)
+            if found == NULL:
+                return -1
+            at = found - data
+        first = line_end_at(data, at, size)
+        if first and at + first < size:
+            second = line_end_at(data, at + first, size)
+            if second:
+                return at + first + second
+        at += 1
+    return -1
+
+
+def frame_events(bytes buffer not None):
+    """``sse.SSEFramer``'s cut of ``buffer``: the whole events in it, each with the blank
+    line that ends it, and the rest, which the next chunk continues (``(events, rest)``,
+    bytes unchanged). A last "\r" is left in the rest: a "\n" may follow it in the next
+    chunk, and the two are one line ending."""
+    cdef const char* data = PyBytes_AS_STRING(buffer)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(buffer), start = 0, end
+    if size and data[size - 1] == b"\r":
+        size -= 1
+    cdef bint lf_only = memchr(data, b"\r", size) == NULL
+    cdef list events = []
+    while True:
+        end = event_end(data, start, size, lf_only)
+        if end < 0:
+            break
+        events.append(PyBytes_FromStringAndSize(data + start, end - start))
+        start = end
+    if start == 0:
+        return events, buffer
+    return events, PyBytes_FromStringAndSize(data + start, PyBytes_GET_SIZE(buffer) - start)

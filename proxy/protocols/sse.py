@@ -71,7 +71,8 @@ class SSEDecoder(_wire.SSEDecoderCore):
 
 
 # A line ending is CRLF, LF or CR; an event ends at an empty line. Atomic groups keep
-# "\r\n" one line ending (never "\r" then "\n"), which would end events early.
+# "\r\n" one line ending (never "\r" then "\n"), which would end events early. The
+# compiled cut (``_wire.frame_events``) finds what this finds; tests hold it to this.
 _EVENT_END = re.compile(rb"(?>\r\n|\r|\n)(?>\r\n|\r|\n)")
 
 
@@ -89,19 +90,7 @@ class SSEFramer:
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buffer + chunk
-        if b"\r" not in buf:
-            # Line feeds only, as most servers send: an event ends at each "\n\n", taken
-            # from the left as the pattern would (a replay cuts whole bodies here).
-            *events, self._buffer = buf.split(b"\n\n")
-            return [event + b"\n\n" for event in events]
-        searchable = len(buf) - 1 if buf.endswith(b"\r") else len(buf)
-        events = []
-        start = 0
-        for match in _EVENT_END.finditer(buf, 0, searchable):
-            events.append(buf[start : match.end()])
-            start = match.end()
-        self._buffer = buf[start:]
+        events, self._buffer = _wire.frame_events(self._buffer + chunk)
         return events
 
     def close(self) -> bytes:
