@@ -215,7 +215,7 @@ def numbered_lines(source: InputFile) -> Iterator[tuple[int, int, bytes]]:
     offset = 0
     for number, line in enumerate(source.stream, 1):
         start, offset = offset, offset + len(line)
-        if line.strip():
+        if line and not line.isspace():  # strip()'s test, without a copy of the line
             yield number, start, line
 
 
