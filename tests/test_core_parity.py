@@ -417,6 +417,32 @@ def test_frozen_lookup_is_the_reference_one(seed, size):
     assert any(compiled)  # the keys asked for are found at all
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 600))
+def test_the_step_s_one_key_lookup_is_the_index_s(seed, size):
+    """The delta step asks the index for one k-gram's values in C (whether only this
+    tenant holds it): the same tuple as ``lookup``, the hot generation's values (all of
+    a key with several) first, then each frozen generation's."""
+    from proxy.config import Config
+    from proxy.factory import build_engine
+
+    rng = random.Random(seed)
+    keys = [rng.getrandbits(64) for _ in range(size)]
+    keys += rng.choices(keys, k=size // 5)  # used again later: other generations
+    index = filled_index(rng, keys)
+    engine = build_engine(Config())
+    scanner = _core.DeltaScanner(
+        engine.hasher, engine.sketch, index, engine.baseline, engine.baseline_sorted,
+        unit_batch, None, 2, requests={}, config=engine.config, no_units=np.zeros(0, np.uint64),
+    )  # fmt: skip
+    for value in (7, 8):  # a key of several values in the hot generation, maybe frozen too
+        index.add(keys[0], value, now=float(size + 1))
+    queries = rng.sample(keys, min(len(keys), 40)) + [rng.getrandbits(64) for _ in range(20)]
+    queries += [keys[0], 0, 2**64 - 1]
+    assert [scanner.values_of(q) for q in queries] == index.lookup(queries)
+    assert len(scanner.values_of(keys[0])) >= 2
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=300), st.integers(1, 12))
 def test_a_generation_s_directory_is_numpy_s_searchsorted(keys, bits):

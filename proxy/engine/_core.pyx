@@ -410,6 +410,10 @@ def sorted_intersection_size(const uint64_t[::1] a, const uint64_t[::1] b):
     """``len(np.intersect1d(a, b, assume_unique=True))`` of two sorted arrays of unique
     keys, by merging: numpy's concatenates and sorts both (about 19 us for two prompt
     signatures), once per pair of requests a response meets."""
+    return intersection_size(a, b)
+
+
+cdef Py_ssize_t intersection_size(const uint64_t[::1] a, const uint64_t[::1] b) noexcept:
     cdef Py_ssize_t i = 0, j = 0, shared = 0, n = a.shape[0], m = b.shape[0]
     while i < n and j < m:
         if a[i] < b[j]:
@@ -741,36 +745,41 @@ cdef class FrozenGenerations:
     def values_into(self, list fingerprints, list result):
         """Appends to ``result[i]`` (a tuple) the values every generation holds for
         ``fingerprints[i]``, oldest generation first; returns ``result``."""
-        cdef Py_ssize_t n = len(fingerprints), g, i, j, lo, hi, size
-        cdef uint64_t fp, bucket
-        cdef const uint64_t* keys
+        cdef Py_ssize_t n = len(fingerprints), i
         if len(result) != n:
             raise ValueError("values_into: result and fingerprints differ in length")
         for i in range(n):
             if i + AHEAD < n:
                 self.prefetch(<uint64_t>fingerprints[i + AHEAD])
-            fp = <uint64_t>fingerprints[i]
-            bucket = fp >> self.any_shift
-            if not (self.any_bits[bucket >> 3] >> (bucket & 7)) & 1:
-                continue
-            found = None
-            for g in range(self.count):
-                size = self.sizes[g]
-                bucket = fp >> self.shifts[g]
-                if not size or not (self.bitmaps[g][bucket >> 3] >> (bucket & 7)) & 1:
-                    continue
-                keys = self.keys[g]
-                lo = self.first_at_least(g, fp)
-                if lo == size or keys[lo] != fp:
-                    continue
-                hi = lo + 1
-                while hi < size and keys[hi] == fp:
-                    hi += 1
-                got = tuple([self.values[g][j] for j in range(lo, hi)])
-                found = got if found is None else found + got
-            if found is not None:
-                result[i] = result[i] + found if result[i] else found
+            result[i] = self.values_after(<uint64_t>fingerprints[i], result[i])
         return result
+
+    cdef tuple values_after(self, uint64_t fp, tuple before):
+        """``before`` (the hot generation's values of ``fp``, maybe none), then the values
+        every frozen generation holds for ``fp``, oldest generation first."""
+        cdef Py_ssize_t g, j, lo, hi, size
+        cdef uint64_t bucket = fp >> self.any_shift
+        cdef const uint64_t* keys
+        if not (self.any_bits[bucket >> 3] >> (bucket & 7)) & 1:
+            return before
+        found = None
+        for g in range(self.count):
+            size = self.sizes[g]
+            bucket = fp >> self.shifts[g]
+            if not size or not (self.bitmaps[g][bucket >> 3] >> (bucket & 7)) & 1:
+                continue
+            keys = self.keys[g]
+            lo = self.first_at_least(g, fp)
+            if lo == size or keys[lo] != fp:
+                continue
+            hi = lo + 1
+            while hi < size and keys[hi] == fp:
+                hi += 1
+            got = tuple([self.values[g][j] for j in range(lo, hi)])
+            found = got if found is None else found + got
+        if found is None:
+            return before
+        return before + found if before else found
 
 
 # --- which tenants used a word (``detector.Vocabulary``) --------------------------------
@@ -1800,6 +1809,7 @@ cdef class DeltaScanner:
     cdef long run_threshold  # round(min_run_words * 2): weights count half-words
     cdef double plain_output_factor, plain_run_factor, plain_cover_factor
     cdef double exclusive, containment
+    cdef double same_prompt_similarity
     # The newest units' k-grams, and after the classification the private ones: the
     # step's scratch, so that a delta makes no int object per k-gram (a whole response
     # made hundreds) unless the slow path needs them.
@@ -1840,6 +1850,7 @@ cdef class DeltaScanner:
         self.plain_run_factor = config.plain_run_factor
         self.plain_cover_factor = config.plain_cover_factor
         self.exclusive, self.containment = config.exclusive, config.containment
+        self.same_prompt_similarity = config.same_prompt_similarity
 
     def flush(self, response, ChoiceColumns columns):
         """The end of the choice's stream: its held-back word, a unit now, appended to
@@ -2351,10 +2362,7 @@ cdef class DeltaScanner:
             if record is None or record.time < horizon:
                 continue  # expired
             if value & 1:
-                same = response._similar.get(value >> 1)  # asked before: no Python call
-                if same is None:
-                    same = response._same_question(value >> 1)
-                if same:
+                if self._same_question(response, value >> 1):
                     return []  # the answer to the same question: explained, whoever has it
                 if record.carries is not None and response.tenant in record.carries:
                     continue  # a copy of this tenant's answer: no evidence (_carried)
@@ -2369,6 +2377,49 @@ cdef class DeltaScanner:
                     # too, it is the model's text there as well (_foreign_values).
                     return [v for v in foreign if v & 1]
         return foreign
+
+    cdef bint _same_question(self, ScanFields response, slot) except -1:
+        """``ResponseScan._same_question``: whether ``slot``'s request asked (nearly)
+        what this response's did (``Engine.similar_prompts``), asked once per slot."""
+        same = response._similar.get(slot)
+        if same is None:
+            same = response._similar[slot] = self._similar_prompts(response.slot, slot)
+        return same
+
+    cdef bint _similar_prompts(self, a, b) except -1:
+        """``Engine.similar_prompts``: the same prompt digest, or bottom-k signatures of
+        at least 4 private k-grams each that share ``same_prompt_similarity`` of the
+        smaller one."""
+        first, second = self.requests.get(a), self.requests.get(b)
+        if first is None or second is None:
+            return False
+        cdef RequestRecord x = <RequestRecord>first, y = <RequestRecord>second
+        if x.prompt_digest == y.prompt_digest:
+            return True
+        cdef Py_ssize_t small = min(len(x.signature), len(y.signature))
+        if small < 4:
+            return False  # too little private text to tell: only identical prompts count
+        return intersection_size(x.signature, y.signature) / <double>small >= (
+            self.same_prompt_similarity)
+
+    def values_of(self, uint64_t fp):
+        """``_values_of``, for tests that hold it to ``FingerprintIndex.lookup``."""
+        return self._values_of(fp)
+
+    cdef tuple _values_of(self, uint64_t fp):
+        """``FingerprintIndex.lookup([fp])[0]``: the values the index holds for ``fp``
+        (the hot generation's, then each frozen one's), without a list or a Python
+        call."""
+        cdef IndexFields index = self.index
+        cdef uint32_t value
+        cdef tuple found = ()
+        if index._hot.find(fp, &value):
+            more = index._hot_more.get(fp) if index._hot_more else None
+            found = more or (value,)
+        cdef FrozenGenerations frozen = index._frozen
+        if frozen is None:
+            frozen = self.index.frozen()
+        return found if frozen is None else frozen.values_after(fp, found)
 
     cdef object _specific_units(self, value):
         """``ResponseScan._specific_units``: a foreign output's prompt units (the
@@ -2439,12 +2490,12 @@ cdef class DeltaScanner:
             self.plain_cover_factor > 0 and run.covered >= threshold * self.plain_cover_factor
         )
 
-    cdef bint _only_tenant_holds(self, response, fp) except -1:
+    cdef bint _only_tenant_holds(self, response, uint64_t fp) except -1:
         """Every request that holds ``fp`` is this response's tenant's and in the window
         (``ResponseScan._source_record``): then no value of it is foreign
         (``_foreign_values``), and the tenant's use of it is counted already
         (``Engine._classify``'s ``unowned``)."""
-        cdef tuple values = self.index.lookup([fp])[0]
+        cdef tuple values = self._values_of(fp)
         if not values or len(values) >= 64:
             return False  # kept for the slow path: rare, and not private there
         tenant = (<ScanFields>response).tenant
