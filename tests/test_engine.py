@@ -133,7 +133,10 @@ def test_sorted_unique_is_numpys_unique(values):
     assert got.tolist() == expected.tolist()
 
 
-@given(st.lists(st.integers(0, 5)), st.lists(st.integers(0, 5)))
+UNITS = st.lists(st.integers(0, 5) | st.sampled_from([2**63, 2**64 - 1]), max_size=80)
+
+
+@given(UNITS, UNITS)
 def test_units_beyond_a_model_s_are_the_counters_difference(units, of):
     """A prompt's own words: each unit as many more times than the model's turns hold it
     (a few values, so that repeats on both sides meet)."""
@@ -141,6 +144,13 @@ def test_units_beyond_a_model_s_are_the_counters_difference(units, of):
     assert Counter(kept) == Counter(units) - Counter(of)
     rest = iter(units)
     assert all(unit in rest for unit in kept)  # in the prompt's order
+    expected, taken = [], Counter(of)
+    for unit in units:  # each of the model's uses takes the first one left
+        if taken[unit]:
+            taken[unit] -= 1
+        else:
+            expected.append(unit)
+    assert kept == expected
 
 
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=50))

@@ -617,6 +617,44 @@ def sorted_unique_into(list values not None, uint64_t[::1] out not None):
     return kept
 
 
+def units_beyond(list units not None, list of not None):
+    """``detector.beyond``: the units (ints below 2**64) that ``units`` holds more often
+    than ``of`` does, in order, each of ``of``'s uses taking away the first one left of
+    ``units``' (``Counter(units) - Counter(of)``'s keys, some repeated). ``of`` is sorted
+    once and searched by halves."""
+    cdef Py_ssize_t n = len(units), m = len(of), distinct = 0, i, at
+    if m == 0:
+        return list(units)
+    cdef uint64_t* keys = <uint64_t*>malloc(m * sizeof(uint64_t))
+    cdef Py_ssize_t* left = <Py_ssize_t*>malloc(m * sizeof(Py_ssize_t))
+    cdef list kept = []
+    cdef uint64_t unit
+    try:
+        if keys == NULL or left == NULL:
+            raise MemoryError()
+        for i in range(m):
+            keys[i] = <uint64_t>of[i]
+        sort_keys(keys, m)
+        for i in range(m):  # the distinct keys, each with its count
+            if distinct and keys[i] == keys[distinct - 1]:
+                left[distinct - 1] += 1
+            else:
+                keys[distinct], left[distinct] = keys[i], 1
+                distinct += 1
+        for i in range(n):
+            item = units[i]
+            unit = <uint64_t>item
+            at = lower_bound(keys, distinct, unit)
+            if at < distinct and keys[at] == unit and left[at]:
+                left[at] -= 1
+            else:
+                kept.append(item)
+    finally:
+        free(keys)
+        free(left)
+    return kept
+
+
 def merge_sorted(const uint64_t[::1] a_keys, const uint32_t[::1] a_values,
                  const uint64_t[::1] b_keys, const uint32_t[::1] b_values,
                  uint64_t[::1] keys, uint32_t[::1] values):

@@ -25,7 +25,7 @@ import hashlib
 import heapq
 import os
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice
@@ -1206,17 +1206,10 @@ class _ChoiceState(_core.ChoiceColumns):
 
 def beyond(units: list[int], of: list[int]) -> list[int]:
     """The units that ``units`` holds more often than ``of`` does (``Counter(units) -
-    Counter(of)``'s keys, some repeated), in order: each of ``of``'s uses takes away one
-    of ``units``'. A third less time than the two Counters and their difference (on
-    the replay capture's conversations)."""
-    left = Counter(of)
-    kept = []
-    for unit in units:
-        if n := left.get(unit):
-            left[unit] = n - 1
-        else:
-            kept.append(unit)
-    return kept
+    Counter(of)``'s keys, some repeated), in order: each of ``of``'s uses takes away the
+    first one left of ``units``'. Compiled (``_core.units_beyond``): a Counter of ``of``
+    and a dict probe a unit took ~50 us for a conversation of the replay capture."""
+    return _core.units_beyond(units, of)
 
 
 def uint64_array(values: list[int]) -> np.ndarray:
