@@ -1,11 +1,11 @@
 """How often the quality workload's deltas leave compiled code for Python, and the time
 they spend there: ``bench/quality.py``'s run (``--quick`` unless other arguments are
-given), with ``ResponseScan.feed`` counted and the Python methods the compiled scan
-calls back counted and timed: counting uses of text other requests hold
-(``_count_holders``), asking whether two requests asked the same
-(``_same_question``), reporting a run that is evidence (``_fragment_finding``) and
-judging the entities a delta met (``_met_entities``). Since the slow path of the
-fragment scan was compiled (``DeltaScanner.scan_kgrams``), these are all the Python a
+given), with ``ResponseScan.feed`` counted and the Python the compiled scan calls back
+counted and timed while a feed runs: counting uses of text other requests hold in the
+commonness sketch (``Engine._count_use``), reporting a run that is evidence
+(``_fragment_finding``) and judging the entities a delta met (``_met_entities``). Since
+the slow path of the fragment scan was compiled (``DeltaScanner.scan_kgrams``, then its
+same-question test and its count of the holders' uses), these are all the Python a
 delta can run. Informational: it prints figures and exits 0 (the quality bench's own
 verdict is printed above them, and its exit code is ignored here).
 
@@ -25,17 +25,23 @@ import quality  # noqa: E402  (bench/quality.py)
 
 from proxy.engine import detector  # noqa: E402
 
-CALLBACKS = ("_count_holders", "_same_question", "_fragment_finding", "_met_entities")
+CALLBACKS = (
+    (detector.Engine, "_count_use"),
+    (detector.ResponseScan, "_fragment_finding"),
+    (detector.ResponseScan, "_met_entities"),
+)
 
 
 def main(argv: list[str]) -> int:
     counts = {"feeds": 0, "feeds_in_python": 0, "calls": 0, "ns": 0}
-    by_name = dict.fromkeys(CALLBACKS, 0)
-    entered = {"feed": -1}  # the feed that last called back, counted once
+    by_name = {name: 0 for _, name in CALLBACKS}
+    entered = {"feed": -1, "in_feed": False}  # the feed that last called back, counted once
     feed = detector.ResponseScan.feed
 
     def timed(name, method):
         def call(self, *args, **kwargs):
+            if not entered["in_feed"]:  # a prompt's observation, a response's end
+                return method(self, *args, **kwargs)
             started = time.perf_counter_ns()
             try:
                 return method(self, *args, **kwargs)
@@ -51,17 +57,20 @@ def main(argv: list[str]) -> int:
 
     def counted_feed(self, *args, **kwargs):
         counts["feeds"] += 1
-        return feed(self, *args, **kwargs)
+        entered["in_feed"] = True
+        try:
+            return feed(self, *args, **kwargs)
+        finally:
+            entered["in_feed"] = False
 
-    for name in CALLBACKS:
-        setattr(detector.ResponseScan, name, timed(name, getattr(detector.ResponseScan, name)))
+    for owner, name in CALLBACKS:
+        setattr(owner, name, timed(name, getattr(owner, name)))
     detector.ResponseScan.feed = counted_feed
     started = time.perf_counter()
     quality.main(argv or ["--quick"])
     wall = time.perf_counter() - started
     feeds, python = counts["feeds"], counts["feeds_in_python"]
-    print(f"\nfeeds {feeds:,}; feeds that ran Python {python:,} ({python / max(feeds, 1):.1%};")
-    print("  the ends of responses included)")
+    print(f"\nfeeds {feeds:,}; feeds that ran Python {python:,} ({python / max(feeds, 1):.1%})")
     print(f"calls back into Python {counts['calls']:,}: " + ", ".join(
         f"{name} {n:,}" for name, n in by_name.items()))  # fmt: skip
     print(f"time in them {counts['ns'] / 1e9:.2f} s of {wall:.1f} s wall;")

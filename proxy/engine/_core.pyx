@@ -2473,12 +2473,33 @@ cdef class DeltaScanner:
         use of text other requests hold now, and queue the rest for the output's end."""
         cdef list count_now = [fp for fp in unowned if fp in holders] if holders else []
         if count_now:
-            response._count_holders(count_now, holders)
+            self._count_holders(response, count_now, holders)
             response.engine._count_use(response.tenant, count_now, response._now)
             response._to_count.extend([fp for fp in unowned if fp not in holders])
         else:
             response._to_count.extend(unowned)
         self.index.add_many(to_index, response.output_value, response._now)
+        return 0
+
+    cdef int _count_holders(self, ScanFields response, list fps, dict holders) except -1:
+        """``ResponseScan._count_holders``: the other tenants whose requests hold ``fps``
+        (``holders``: a k-gram's index values) used them, counted now, a call to
+        ``Engine._count_use`` a tenant, in the order they are met."""
+        cdef dict by_tenant = {}
+        cdef RequestRecord record
+        cdef list used
+        for fp in fps:
+            for value in <tuple>holders[fp]:
+                record = self.requests.get(value >> 1)
+                if record is None or record.tenant == response.tenant:
+                    continue
+                used = by_tenant.get(record.tenant)
+                if used is None:
+                    by_tenant[record.tenant] = [fp]
+                else:
+                    used.append(fp)
+        for tenant, used in by_tenant.items():
+            response.engine._count_use(tenant, used, response._now)
         return 0
 
     cdef list _fragment_findings(self, ScanFields response, ChoiceColumns state, choice,
