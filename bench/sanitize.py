@@ -11,7 +11,7 @@ sanitizers' runtimes preloaded into Python and Python's allocator switched to pl
 ASan tracks, including the ones Python objects own. Leak checking is off: CPython frees
 little at exit by design, which LeakSanitizer would report as thousands of leaks.
 
-    python bench/sanitize.py [TEST ...]      # default: parity, engine, SSE and fuzz tests
+    python bench/sanitize.py [TEST ...]      # default: parity, engine, SSE, framer and fuzz tests
 
 Exit status 0 when the tests pass and no sanitizer reported anything, 1 otherwise.
 """
@@ -30,14 +30,16 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The core's parity tests, the engine's, the SSE decoder's, the parsers' fuzz targets, and
-# the monitor's per-event path (its properties, the deferred shadow path): deterministic. The end-to-end tests also reach the core, but compare live streams whose
-# interleaving the sanitizers' slowdown changes (test_replay failed so once, with no
-# sanitizer report).
+# The core's parity tests, the engine's, the SSE decoder's and event cut's (test_enforce:
+# the framer, with the gate that uses it), the parsers' fuzz targets, and the monitor's
+# per-event path (its properties, the deferred shadow path): deterministic. The
+# end-to-end tests also reach the core, but compare live streams whose interleaving the
+# sanitizers' slowdown changes (test_replay failed so once, with no sanitizer report).
 DEFAULT_TESTS = (
     "tests/test_core_parity.py",
     "tests/test_engine.py",
     "tests/test_sse.py",
+    "tests/test_enforce.py",
     "tests/test_fuzz.py",
     "tests/test_shadow_path.py",
     "tests/test_shadow_deferred.py",
