@@ -76,7 +76,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -110,6 +109,7 @@ MODEL = "sim-llm-1"
 EPOCH = 1_777_000_000.0  # recorded time of the first exchange (2026-04-24)
 WORDS_PER_SECOND = 50.0  # streaming speed of the recorded engine
 SAMPLE_EVERY = 0.2  # seconds between VmRSS samples
+POLL_EVERY = 0.005  # seconds between polls of a measured child (its wall time's grain)
 READY_TIMEOUT = 30.0
 STOP_TIMEOUT = 10.0
 MIN_MBPS = 0.3  # a replay slower than this is killed (timeout = 120 s + size / MIN_MBPS)
@@ -294,9 +294,10 @@ class Measured:
 
 def measure(argv: list[str], workdir: Path, name: str, timeout: float) -> Measured:
     """Run ``argv`` to its end; its own rusage from ``os.wait4`` (not the children's max).
-    The wall time ends when the child does: this thread waits in ``wait4``, and a sampler
-    thread reads VmRSS every ``SAMPLE_EVERY`` s (a poll between sleeps added up to that
-    much to every run, ~0.1 s on average: 4% of a 64 MB capture's replay)."""
+    The child is polled every ``POLL_EVERY`` s and its VmRSS read every ``SAMPLE_EVERY``
+    s, one thread doing both: the wall time ends within a poll of the child's exit (a
+    poll at every sample only added ~0.1 s to every run on average, 4% of a 64 MB
+    capture's replay)."""
     err_path = workdir / f"{name}.err"
     with err_path.open("wb") as err:
         started = time.perf_counter()
@@ -305,38 +306,28 @@ def measure(argv: list[str], workdir: Path, name: str, timeout: float) -> Measur
             preexec_fn=die_with_parent if sys.platform == "linux" else None,
         )  # fmt: skip
     samples: list[tuple[float, int]] = []
-    ended = threading.Event()
-    timed_out = threading.Event()
-
-    def sample() -> None:
-        while not ended.wait(SAMPLE_EVERY):
+    sample_at = 0.0
+    try:
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
             elapsed = time.perf_counter() - started
             if elapsed > timeout:
-                timed_out.set()
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()  # wait4 below returns, and the run raises
-                return
-            rss = vm_rss(proc.pid)
-            if rss is not None:
-                samples.append((elapsed, rss))
-
-    sampler = threading.Thread(target=sample, name=f"rss-{name}", daemon=True)
-    sampler.start()
-    try:
-        _, status, usage = os.wait4(proc.pid, 0)
+                raise TimeoutError(f"{name}: no result after {timeout:.0f} s")
+            if elapsed >= sample_at:
+                rss = vm_rss(proc.pid)
+                if rss is not None:
+                    samples.append((elapsed, rss))
+                sample_at = elapsed + SAMPLE_EVERY
+            time.sleep(POLL_EVERY)
     except BaseException:
         with contextlib.suppress(ProcessLookupError, ChildProcessError):
             proc.kill()
             os.waitpid(proc.pid, 0)
         proc.returncode = -9
         raise
-    finally:
-        ended.set()
     wall = time.perf_counter() - started
-    sampler.join()
-    if timed_out.is_set():
-        proc.returncode = -9
-        raise TimeoutError(f"{name}: no result after {timeout:.0f} s")
     proc.returncode = os.waitstatus_to_exitcode(status)
     return Measured(
         returncode=proc.returncode,

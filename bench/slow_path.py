@@ -5,8 +5,8 @@ counted and timed while a feed runs: counting uses of text other requests hold i
 commonness sketch (``Engine._count_use``), reporting a run that is evidence
 (``_fragment_finding``) and judging the entities a delta met (``_met_entities``). Since
 the slow path of the fragment scan was compiled (``DeltaScanner.scan_kgrams``, then its
-same-question test and its count of the holders' uses), these are all the Python a
-delta can run. Informational: it prints figures and exits 0 (the quality bench's own
+same-question test and its count of the holders' uses), these and the index's own
+methods (``lookup``, ``add_many``) are all the Python a delta can run. Informational: it prints figures and exits 0 (the quality bench's own
 verdict is printed above them, and its exit code is ignored here).
 
     python bench/slow_path.py [quality.py arguments]

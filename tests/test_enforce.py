@@ -273,12 +273,16 @@ def test_gate_holds_at_most_n_words_in_order():
     assert gate.release() == [] and gate.flush() == [] and gate.cut_done
 
 
-def test_framer_keeps_bytes_and_event_boundaries():
+@pytest.mark.parametrize("chunk_type", [bytes, bytearray, memoryview])
+def test_framer_keeps_bytes_and_event_boundaries(chunk_type):
+    """Any cut, empty chunks between, and the buffer types a server's chunks come in."""
     data = b"data: a\r\n\r\n: ping\n\ndata: b\rdata: c\r\r" + b"data: d\n\n"
     for size in range(1, len(data) + 1):
         f, events = SSEFramer(), []
         for i in range(0, len(data), size):
-            events += f.feed(data[i : i + size])
+            events += f.feed(chunk_type(data[i : i + size]))
+            assert f.feed(chunk_type(b"")) == []
+        assert all(type(event) is bytes for event in events)
         assert b"".join(events) + f.close() == data
         assert events == [b"data: a\r\n\r\n", b": ping\n\n", b"data: b\rdata: c\r\r",
                           b"data: d\n\n"]  # fmt: skip

@@ -625,10 +625,10 @@ def units_beyond(list units not None, list of not None):
     cdef Py_ssize_t n = len(units), m = len(of), distinct = 0, i, at
     if m == 0:
         return list(units)
-    cdef uint64_t* keys = <uint64_t*>malloc(m * sizeof(uint64_t))
-    cdef Py_ssize_t* left = <Py_ssize_t*>malloc(m * sizeof(Py_ssize_t))
     cdef list kept = []
     cdef uint64_t unit
+    cdef uint64_t* keys = <uint64_t*>malloc(m * sizeof(uint64_t))
+    cdef Py_ssize_t* left = <Py_ssize_t*>malloc(m * sizeof(Py_ssize_t))
     try:
         if keys == NULL or left == NULL:
             raise MemoryError()
@@ -1276,8 +1276,13 @@ cdef class HotTable:
                 self.prefetch(<uint64_t>fingerprints[i + AHEAD])
             fp = fingerprints[i]
             if self.find(<uint64_t>fp, &value):
-                result[i] = (more.get(fp) if more else None) or (value,)
+                result[i] = self.values_of(fp, value, more)
         return result
+
+    cdef inline tuple values_of(self, fp, uint32_t value, dict more):
+        """The values of ``fp``, held here with ``value`` first: ``more``'s tuple for a
+        key with several (keyed by int), else a tuple of ``value``."""
+        return (more.get(fp) if more else None) or (value,)
 
     def columns(self, uint64_t[::1] keys, uint32_t[::1] values):
         """The keys and their values into ``keys`` and ``values`` (as long as the table),
@@ -2329,10 +2334,11 @@ cdef class DeltaScanner:
                     Py_ssize_t first, list fps, bint final=False):
         """``ResponseScan._scan_kgrams`` for an engine that keeps every k-gram (no
         winnowing): classify and match the k-grams the newest units completed (the
-        first at unit ``first``), then learn from them. Returns the findings. Python
-        runs only to count uses of text other requests hold (``_count_holders``, the
-        sketch) and to report a run that is evidence (``_fragment_finding``).
-        ``ResponseScan._scan_kgrams`` is the Python it is held to."""
+        first at unit ``first``), then learn from them. Returns the findings. Beside
+        the index's own methods (``lookup``, ``add_many``), Python runs only to count
+        uses of text in the sketch (``Engine._count_use``) and to report a run that is
+        evidence (``_fragment_finding``). ``ResponseScan._scan_kgrams`` is the Python it
+        is held to."""
         return self._scan_kgrams(response, state, choice, first, fps, final)
 
     cdef list _scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
@@ -2428,10 +2434,9 @@ cdef class DeltaScanner:
         """``Engine.similar_prompts``: the same prompt digest, or bottom-k signatures of
         at least 4 private k-grams each that share ``same_prompt_similarity`` of the
         smaller one."""
-        first, second = self.requests.get(a), self.requests.get(b)
-        if first is None or second is None:
+        cdef RequestRecord x = self.requests.get(a), y = self.requests.get(b)
+        if x is None or y is None:
             return False
-        cdef RequestRecord x = <RequestRecord>first, y = <RequestRecord>second
         if x.prompt_digest == y.prompt_digest:
             return True
         cdef Py_ssize_t small = min(len(x.signature), len(y.signature))
@@ -2446,14 +2451,13 @@ cdef class DeltaScanner:
 
     cdef tuple _values_of(self, uint64_t fp):
         """``FingerprintIndex.lookup([fp])[0]``: the values the index holds for ``fp``
-        (the hot generation's, then each frozen one's), without a list or a Python
-        call."""
+        (the hot generation's, then each frozen one's), without a list; Python runs only
+        to build the frozen generations' view after they changed (``frozen``)."""
         cdef IndexFields index = self.index
         cdef uint32_t value
         cdef tuple found = ()
         if index._hot.find(fp, &value):
-            more = index._hot_more.get(fp) if index._hot_more else None
-            found = more or (value,)
+            found = index._hot.values_of(fp, value, index._hot_more)
         cdef FrozenGenerations frozen = index._frozen
         if frozen is None:
             frozen = self.index.frozen()
@@ -2488,8 +2492,10 @@ cdef class DeltaScanner:
         cdef dict by_tenant = {}
         cdef RequestRecord record
         cdef list used
+        cdef tuple values
         for fp in fps:
-            for value in <tuple>holders[fp]:
+            values = holders[fp]
+            for value in values:
                 record = self.requests.get(value >> 1)
                 if record is None or record.tenant == response.tenant:
                     continue
