@@ -5,8 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench clean
 
-$(STAMP): pyproject.toml setup.py proxy/engine/_core.pyx proxy/protocols/_wire.pyx \
-		proxy/pipeline/_monitor.pyx
+$(STAMP): pyproject.toml setup.py $(wildcard proxy/*/*.pyx)
 	@test -x $(PY) || "$$(./scripts/find-python.sh)" -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

@@ -1,11 +1,15 @@
-"""Builds crosstalk's compiled parts (``proxy/engine/_core.pyx``, the engine's core;
-``proxy/protocols/_wire.pyx``, the per-event steps of a stream; and
-``proxy/pipeline/_monitor.pyx``, an exchange monitor's per-event path; Cython) with the
-machine's C compiler; everything else about the package is in ``pyproject.toml``.
+"""Builds crosstalk's compiled parts, every ``proxy/<folder>/<name>.pyx`` (Cython; today
+``engine/_core``, the engine's core; ``protocols/_wire``, the per-event steps of a stream;
+``pipeline/_monitor``, an exchange monitor's per-event path) with the machine's C
+compiler; everything else about the package is in ``pyproject.toml``. A new ``.pyx``
+there is built, ignored by git, a dependency of the Makefile's install, checked in the
+wheel and sanitized by ``bench/sanitize.py`` with no other list to update.
 
 Without a working C compiler the install stops with a message that names what to
 install, instead of a compiler's traceback.
 """
+
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -16,9 +20,12 @@ from setuptools.errors import CCompilerError, ExecError, PlatformError
 # installing a compiler would not help, so its report goes out as it is.
 TOOLCHAIN_ERRORS = (CCompilerError, ExecError, PlatformError)
 
+# pip builds with the source tree as the working directory; sources must be relative.
+SOURCES = sorted(path.as_posix() for path in Path("proxy").glob("*/*.pyx"))
+
 NO_COMPILER = """
-crosstalk: building the compiled parts (proxy/engine/_core.pyx, proxy/protocols/_wire.pyx,
-proxy/pipeline/_monitor.pyx) needs a C compiler and Python's headers, and this one failed:
+crosstalk: building the compiled parts ({sources})
+needs a C compiler and Python's headers, and this one failed:
 
     {error}
 
@@ -37,14 +44,15 @@ class BuildCore(build_ext):
         try:
             super().build_extension(ext)
         except TOOLCHAIN_ERRORS as e:
-            raise SystemExit(NO_COMPILER.format(error=f"{type(e).__name__}: {e}")) from e
+            message = NO_COMPILER.format(
+                sources=", ".join(SOURCES), error=f"{type(e).__name__}: {e}"
+            )
+            raise SystemExit(message) from e
 
 
 setup(
     ext_modules=[
-        Extension("proxy.engine._core", ["proxy/engine/_core.pyx"]),
-        Extension("proxy.protocols._wire", ["proxy/protocols/_wire.pyx"]),
-        Extension("proxy.pipeline._monitor", ["proxy/pipeline/_monitor.pyx"]),
+        Extension(source[: -len(".pyx")].replace("/", "."), [source]) for source in SOURCES
     ],
     cmdclass={"build_ext": BuildCore},
 )

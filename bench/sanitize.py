@@ -1,8 +1,7 @@
 """The compiled parts under AddressSanitizer and UndefinedBehaviorSanitizer (issue 16's
 memory-safety run; not in CI: a sanitized build and a slowed test run).
 
-Builds ``proxy/engine/_core.pyx``, ``proxy/protocols/_wire.pyx`` and
-``proxy/pipeline/_monitor.pyx`` with
+Builds the compiled parts (every ``proxy/<folder>/<name>.pyx``, as ``setup.py`` does) with
 ``-fsanitize=address,undefined`` (the ordinary ``pip wheel`` of a copy of the tree, so
 Cython comes from the build requirements), puts those extensions into the copy, and runs
 the tests that drive them there, with the
@@ -45,7 +44,11 @@ DEFAULT_TESTS = (
     "tests/test_shadow_deferred.py",
 )
 # The compiled extensions of the package, each checked to be the sanitized one.
-EXTENSIONS = ("proxy.engine._core", "proxy.protocols._wire", "proxy.pipeline._monitor")
+# What setup.py builds: every proxy/<folder>/<name>.pyx.
+EXTENSIONS = tuple(
+    ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for path in sorted(ROOT.glob("proxy/*/*.pyx"))
+)
 # A double free through ctypes: the preloaded runtime must report it, or it is not active.
 SELF_CHECK = (
     "import ctypes; libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; "

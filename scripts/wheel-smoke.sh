@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python="$(./scripts/find-python.sh)"
+compiled=$(cd proxy && ls */*.pyx | sed 's/\.pyx$//')  # what setup.py builds
+[ -n "$compiled" ] || { echo "no proxy/*/*.pyx in the checkout" >&2; exit 1; }
 work="$(mktemp -d)"
 sim_pid=""
 cleanup() { [ -n "$sim_pid" ] && kill "$sim_pid" 2>/dev/null; rm -rf "$work"; }
@@ -21,7 +23,7 @@ cd "$work"  # away from the checkout: only the installed package can be imported
 for data in vocabulary/en.txt baseline/boilerplate.txt advisories.toml; do
     grep -q "proxy/defaults/$data" "$work/contents.txt" || { echo "wheel lacks proxy/defaults/$data" >&2; exit 1; }
 done
-for ext in engine/_core protocols/_wire pipeline/_monitor; do
+for ext in $compiled; do
     grep -Eq "proxy/$ext\..*(so|pyd)" "$work/contents.txt" || { echo "wheel lacks the compiled proxy/$ext" >&2; exit 1; }
 done
 
