@@ -1273,7 +1273,6 @@ def test_the_entity_tables_tuples_are_out_of_the_collector_s_sight():
     import gc
 
     from proxy.engine._core import untracked
-
     from proxy.engine.entities import EntityIndex
 
     index = EntityIndex(rebuild_interval=0.0)

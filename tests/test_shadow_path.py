@@ -12,8 +12,8 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from proxy.pipeline._monitor import MonitorFields, expose
 
+from proxy.pipeline._monitor import MonitorFields, expose
 from proxy.pipeline.exchange import ExchangeMonitor
 
 
