@@ -793,6 +793,34 @@ def test_a_later_request_that_ends_first_does_not_own_what_an_earlier_stream_wro
     assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "C")]  # the latest
 
 
+def test_prompts_that_differ_in_a_word_ask_the_same_question():
+    """Two requests asked the same when their prompts are the same text, or when their
+    signatures share nearly all their private k-grams; a prompt too short to have
+    a signature matches only itself, and a request out of the window matches nothing."""
+    engine = Engine(EngineConfig(key=b"k" * 32))
+    question = (
+        "please summarise the quarterly revenue figures for the northern region sales team"
+        " and list the three largest accounts by growth"
+    )
+    slots = {
+        name: engine.observe_prompt(name, name, text, now=T0).slot
+        for name, text in [
+            ("asked", question),
+            ("again", question + " today"),
+            ("other", "write a haiku about autumn leaves on a quiet mountain lake at dawn"),
+            ("hi", "hi there"),
+            ("hi-too", "hi there"),
+            ("hi-more", "hi there friend"),
+        ]
+    }
+    same = engine.similar_prompts
+    assert len(engine._requests[slots["asked"]].signature) >= 4
+    assert same(slots["asked"], slots["again"]) and same(slots["again"], slots["asked"])
+    assert not same(slots["asked"], slots["other"])
+    assert same(slots["hi"], slots["hi-too"]) and not same(slots["hi"], slots["hi-more"])
+    assert not same(slots["asked"], max(slots.values()) + 1)
+
+
 def test_an_answer_to_the_same_question_explains_an_entity_whoever_else_holds_it():
     """A's answer holds a reference the model wrote; an unnoticed copy of it sits in B's
     answer to another question (a misroute the detector missed, or another replica's

@@ -427,6 +427,45 @@ cdef Py_ssize_t intersection_size(const uint64_t[::1] a, const uint64_t[::1] b) 
     return shared
 
 
+cpdef bint similar_prompts(dict requests, a, b, double similarity) except -1:
+    """``Engine.similar_prompts``: whether requests ``a`` and ``b`` (``RequestRecord``s of
+    ``requests``, by slot) asked (nearly) the same thing: the same prompt digest, or
+    bottom-k signatures of at least 4 private k-grams each that share ``similarity`` of
+    the smaller one. False when either is gone."""
+    cdef RequestRecord x = requests.get(a), y = requests.get(b)
+    if x is None or y is None:
+        return False
+    if x.prompt_digest == y.prompt_digest:
+        return True
+    cdef Py_ssize_t small = min(len(x.signature), len(y.signature))
+    if small < 4:
+        return False  # too little private text to tell: only identical prompts count
+    return intersection_size(x.signature, y.signature) / <double>small >= similarity
+
+
+cpdef dict holders_by_tenant(dict requests, str tenant, list fps, dict holders):
+    """``fps`` by the tenants other than ``tenant`` whose requests (``RequestRecord``s
+    of ``requests``, by slot) hold them, in the order met: ``holders`` maps a k-gram to
+    its index values (slot << 1 | output bit). A k-gram two requests of one tenant hold
+    is listed twice (the pair filter counts it once)."""
+    cdef dict by_tenant = {}
+    cdef RequestRecord record
+    cdef list used
+    cdef tuple values
+    for fp in fps:
+        values = holders[fp]
+        for value in values:
+            record = requests.get(value >> 1)
+            if record is None or record.tenant == tenant:
+                continue
+            used = by_tenant.get(record.tenant)
+            if used is None:
+                by_tenant[record.tenant] = [fp]
+            else:
+                used.append(fp)
+    return by_tenant
+
+
 def mark_buckets(unsigned char[::1] bitmap, const uint64_t[::1] keys, int shift):
     """Set bit ``key >> shift`` of ``bitmap`` (little-endian bits in bytes) for every key:
     the "maybe here" bitmaps of the index's generations. ``numpy.bitwise_or.at`` did it
@@ -2424,26 +2463,12 @@ cdef class DeltaScanner:
 
     cdef bint _same_question(self, ScanFields response, slot) except -1:
         """``ResponseScan._same_question``: whether ``slot``'s request asked (nearly)
-        what this response's did (``Engine.similar_prompts``), asked once per slot."""
+        what this response's did (``similar_prompts``), asked once per slot."""
         same = response._similar.get(slot)
         if same is None:
-            same = response._similar[slot] = self._similar_prompts(response.slot, slot)
+            same = response._similar[slot] = similar_prompts(
+                self.requests, response.slot, slot, self.same_prompt_similarity)
         return same
-
-    cdef bint _similar_prompts(self, a, b) except -1:
-        """``Engine.similar_prompts``: the same prompt digest, or bottom-k signatures of
-        at least 4 private k-grams each that share ``same_prompt_similarity`` of the
-        smaller one."""
-        cdef RequestRecord x = self.requests.get(a), y = self.requests.get(b)
-        if x is None or y is None:
-            return False
-        if x.prompt_digest == y.prompt_digest:
-            return True
-        cdef Py_ssize_t small = min(len(x.signature), len(y.signature))
-        if small < 4:
-            return False  # too little private text to tell: only identical prompts count
-        return intersection_size(x.signature, y.signature) / <double>small >= (
-            self.same_prompt_similarity)
 
     def values_of(self, uint64_t fp):
         """``_values_of``, for tests that hold it to ``FingerprintIndex.lookup``."""
@@ -2486,25 +2511,10 @@ cdef class DeltaScanner:
         return 0
 
     cdef int _count_holders(self, ScanFields response, list fps, dict holders) except -1:
-        """``ResponseScan._count_holders``: the other tenants whose requests hold ``fps``
-        (``holders``: a k-gram's index values) used them, counted now, a call to
-        ``Engine._count_use`` a tenant, in the order they are met."""
-        cdef dict by_tenant = {}
-        cdef RequestRecord record
-        cdef list used
-        cdef tuple values
-        for fp in fps:
-            values = holders[fp]
-            for value in values:
-                record = self.requests.get(value >> 1)
-                if record is None or record.tenant == response.tenant:
-                    continue
-                used = by_tenant.get(record.tenant)
-                if used is None:
-                    by_tenant[record.tenant] = [fp]
-                else:
-                    used.append(fp)
-        for tenant, used in by_tenant.items():
+        """``ResponseScan._count_holders``, without its Python frame: the other tenants
+        whose requests hold ``fps`` used them, counted now."""
+        for tenant, used in holders_by_tenant(self.requests, response.tenant, fps,
+                                              holders).items():
             response.engine._count_use(tenant, used, response._now)
         return 0
 

@@ -476,17 +476,10 @@ class Engine(_core.EngineClock):
         self.entities.expire(horizon)
 
     def similar_prompts(self, a: int, b: int) -> bool:
-        """Whether requests ``a`` and ``b`` asked (nearly) the same thing."""
-        ra, rb = self._requests.get(a), self._requests.get(b)
-        if ra is None or rb is None:
-            return False
-        if ra.prompt_digest == rb.prompt_digest:
-            return True
-        small = min(len(ra.signature), len(rb.signature))
-        if small < 4:
-            return False  # too little private text to tell: only identical prompts count
-        shared = _core.sorted_intersection_size(ra.signature, rb.signature)
-        return shared / small >= self.config.same_prompt_similarity
+        """Whether requests ``a`` and ``b`` asked (nearly) the same thing (the same
+        prompt, or signatures that share ``same_prompt_similarity``;
+        ``_core.similar_prompts``, which the compiled scan calls too)."""
+        return _core.similar_prompts(self._requests, a, b, self.config.same_prompt_similarity)
 
     # -- learned commonness, kept across restarts --------------------------------------
 
@@ -895,13 +888,7 @@ class ResponseScan(_core.ScanFields):
         streaming counts its new text only at its end, and text several outputs are
         writing at once must not wait for that to turn common. Counting a use twice is
         harmless: the pair filter counts each tenant once."""
-        requests = self.engine._requests
-        by_tenant: dict[str, list[int]] = {}
-        for fp in fps:
-            for value in holders[fp]:
-                record = requests.get(value >> 1)
-                if record is not None and record.tenant != self.tenant:
-                    by_tenant.setdefault(record.tenant, []).append(fp)
+        by_tenant = _core.holders_by_tenant(self.engine._requests, self.tenant, fps, holders)
         for tenant, used in by_tenant.items():
             self.engine._count_use(tenant, used, self._now)
 
