@@ -53,6 +53,7 @@ cdef class MonitorFields:
         if self.first_output is None and chunk:
             self.first_output = time.monotonic()
         if self._gate is None:  # shadow, or enforcement that failed open
+            # _must_fail_closed (Python) is asked only after a failure: not a call a chunk.
             if self.detector_error is not None and self._must_fail_closed():
                 return self._cut_failed()
             if self.defer is None:
