@@ -35,13 +35,21 @@ from proxy.protocols.sse import SSEDecoder
 from proxy.sim.workload import SimRequest, Workload
 
 FORMATS = ("anthropic", "responses", "sglang", "tgi")
-REQUESTS, TENANTS = 800, 16  # 200 a format
+REQUESTS, TENANTS = 1600, 16  # 400 a format
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.15", "--seed", "5")
 MODEL = "sim-llm-1"
 # Floors below the measured figures, as in test_leaks_e2e. Since a finding must point
 # into the leaked text (tests/traffic.py), the enforce run measured 58/65 (0.89) twice
 # and up to 0.95 in four other runs of 2026-12-01; the floor leaves room for the faults,
-# which differ from run to run.
+# which differ from run to run. The per-format floor is there to catch one format's
+# parsing going wrong, so sampling must not reach it: at 200 requests a format (~15
+# targets) one CI run found 11 of anthropic's 15 (61/67 overall), since each miss costs
+# 7 points. The misses were borderline, and which ones depends on the order concurrent
+# requests reach the engine: text the warm state knows as common (a template's Japanese
+# sentences, a prompt's project name) and an order number among plain words, one
+# distinctive word where a fragment needs two. At 400 a format (~30 targets), under
+# load on 2026-12-05: enforce 128/130, 140/142, 134/136, shadow 135/138, 124/128,
+# 127/132; each format >= 0.93 in every run.
 MIN_RECALL, MIN_FORMAT_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.85, 0.75, 0.95, 0.005
 
 
