@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import read_events
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from proxy.cli import main as cli_main
@@ -262,6 +262,25 @@ def test_repr_reader_reads_back_the_strings_python_wrote(a, b):
     assert pyrepr.parse(repr(a)) == (a, len(repr(a)))
     text = f"GenerateReqInput(rid={b!r}, text={a!r}, out={{'text': {b!r}}})"
     assert pyrepr.parse(text) == ({"rid": b, "text": a, "out": {"text": b}}, len(text))
+
+
+SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXTS
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXTS, inner, max_size=4),
+    max_leaves=20,
+)
+NAMES = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(NAMES, VALUES, max_size=6), st.sampled_from([", ", ",", " , "]))
+@example({"input_ids": [1, -(2**63) - 1, 2**64]}, ", ")
+def test_repr_reader_reads_back_the_calls_python_wrote(fields, comma):
+    """A call's fields as ``repr`` writes their values (numbers of any size, constants,
+    strings, nested lists and dicts) read back unchanged, however the commas are spaced."""
+    text = "Req(" + comma.join(f"{k}={v!r}" for k, v in fields.items()) + ")"
+    assert pyrepr.parse(text) == (fields, len(text))
 
 
 @pytest.mark.parametrize(

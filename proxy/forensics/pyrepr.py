@@ -35,7 +35,9 @@ _STRING = re.compile(
 )
 _NUMBER = re.compile(r"-?(?:\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+|inf|nan)(?![\w.])")
 _NAME = re.compile(r"[A-Za-z_][\w.]*")
-_INT_LIST = re.compile(r"\[\s*(?:-?\d+\s*(?:,\s*-?\d+\s*)*)?\]")
+# Token ids, for orjson: ASCII digits only, and at most 18 of them, which its 64-bit ints
+# always hold (a longer number came back as a float); any other list takes the reader.
+_INT_LIST = re.compile(r"\[\s*(?:-?[0-9]{1,18}\s*(?:,\s*-?[0-9]{1,18}\s*)*)?\]")
 _CUT = re.compile(r"\s+\.\.\.\s+")
 _WS = re.compile(r"\s*")
 _SPACE = " \t\r\n"
