@@ -8,6 +8,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
@@ -372,6 +373,39 @@ def test_an_addon_that_raises_is_in_crosstalks_log_and_traffic_flows(tmp_path, s
     assert "Marlowe" not in proxy.log.read_text()
 
 
+class PipeReader:
+    """Reads a child's text pipe to its end in a thread: a test can wait for a line
+    without blocking on the pipe, and has the whole output once the child exited."""
+
+    def __init__(self, stream) -> None:
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self._ended = False
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            with self._changed:
+                self.lines.append(line)
+                self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, text: str, timeout: float) -> None:
+        """Until a line holds ``text``, the pipe ends, or ``timeout`` s pass."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._ended or any(text in line for line in self.lines), timeout
+            )
+
+    def text(self, timeout: float = 10.0) -> str:
+        """Everything read, once the pipe ended (call after the child exited)."""
+        self._thread.join(timeout)
+        return "".join(self.lines)
+
+
 def test_crosstalk_run_with_builtin_simulator_stops_cleanly_on_sigterm(tmp_path):
     port, log = free_port(), tmp_path / "run.jsonl"
     proc = subprocess.Popen(
@@ -392,15 +426,19 @@ def test_crosstalk_run_with_builtin_simulator_stops_cleanly_on_sigterm(tmp_path)
         stderr=subprocess.PIPE,
         text=True,
     )
+    stdout = PipeReader(proc.stdout)
     try:
         wait_for_port(port, proc)
         answer = client(f"http://127.0.0.1:{port}", "acme").chat.completions.create(
             model="sim-llm-1", messages=[{"role": "user", "content": "Hello!"}]
         )
         assert answer.choices[0].message.content
+        # The banner waits for the detector process, which a loaded machine started
+        # after the port opened and the answer came (a stop then left no banner).
+        stdout.wait_for("crosstalk is running", timeout=120)
     finally:
         code = stop(proc)
-    out = proc.stdout.read()
+    out = stdout.text()
     assert code == 0, proc.stderr.read()
     assert "crosstalk is running (shadow mode)" in out, (out, proc.stderr.read()[-2000:])
     assert "curl" in out and "openai" in out
