@@ -48,6 +48,17 @@ _LABELS = {
 }
 _CLOSERS = {"(": ")", "[": "]", "{": "}"}
 MAX_DEPTH = 64
+_CONSTANTS = {"None": None, "True": True, "False": False}
+# A whole item of the commonest kind, key, value and separator in one match: a scalar
+# (a string without escapes, a decimal number, a constant) that a ``,`` or the closer
+# follows. Most of a log line's items are such, and the general reader spends five calls
+# and three matches on each: SGLang's lines read in 51 us, not 69. Anything else (a cut,
+# an escape, a nested value, another separator) does not match and takes the reader.
+# Groups: the key, then one of the value's.
+_PLAIN_STRING = r"""'([^'\\\n]*)'|"([^"\\\n]*)["]"""  # its text is its body
+_SCALAR = rf"(?:{_PLAIN_STRING}|(-?\d+\.\d+)|(-?\d+)|(None|True|False))"
+_SIMPLE_FIELD = re.compile(rf"([A-Za-z_]\w*)\s*=(?!=)\s*{_SCALAR}\s*(?:,|(?=\)))")
+_SIMPLE_ITEM = re.compile(rf"(?:{_PLAIN_STRING})\s*:\s*{_SCALAR}\s*(?:,|(?=\}}))")
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,17 @@ def string_value(literal: str) -> str:
     return _SURROGATE.sub("\ufffd", text) if "\\u" in body or "\\U" in body else text
 
 
+def _scalar(m: re.Match[str], first: int) -> Any:
+    """The value of a ``_SCALAR`` matched from group ``first``."""
+    which = m.lastindex - first  # type: ignore[operator]
+    text = m.group(m.lastindex)  # type: ignore[arg-type]
+    if which < 2:
+        return text
+    if which == 2:
+        return float(text)
+    return int(text) if which == 3 else _CONSTANTS[text]
+
+
 class _Reader:
     def __init__(self, text: str) -> None:
         self.s = text
@@ -167,7 +189,7 @@ class _Reader:
             name, end = m.group(), m.end()
             if end < len(s) and s[end] == "(":
                 return self.fields(end + 1, "=", depth + 1, positional=True)
-            return {"None": None, "True": True, "False": False}.get(name, name), end
+            return _CONSTANTS.get(name, name), end
         return self._opaque(i)
 
     def _sequence(self, i: int, closer: str, depth: int) -> tuple[list[Any], int]:
@@ -187,6 +209,11 @@ class _Reader:
             i = self._skip(i)
             if i < len(self.s) and self.s[i] == "}":
                 return (out if out or not items else items), i + 1
+            if depth < MAX_DEPTH and (m := _SIMPLE_ITEM.match(self.s, i)):
+                key = m.group(1)
+                out[m.group(2) if key is None else key] = _scalar(m, 3)
+                i = m.end()
+                continue
             key, i = self.value(i, depth + 1)
             i = self._skip(i)
             if i < len(self.s) and self.s[i] == ":":
@@ -207,6 +234,10 @@ class _Reader:
                 raise ReprError("a call is not closed at the end of the text")
             if i >= len(s) or s[i] == ")":
                 return out, i + 1
+            if separator == "=" and depth < MAX_DEPTH and (m := _SIMPLE_FIELD.match(s, i)):
+                out[m.group(1)] = _scalar(m, 2)
+                i = m.end()
+                continue
             m = label.match(s, i)
             if m is None and not positional:
                 raise ReprError(f"a {separator!r} field was expected at {i}")
