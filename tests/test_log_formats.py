@@ -284,6 +284,26 @@ def test_repr_reader_reads_back_the_calls_python_wrote(fields, comma):
 
 
 @pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        # Blanks are skipped only from a space, tab or line break on (then any): the
+        # one-match read of a scalar item must not skip more than the reader would.
+        ("f(a=1\xa0,b=2)", None),
+        ("{'a':\x0c1}", {"a": pyrepr.Opaque("\x0c1")}),
+        ("{'a' :\n\xa0 'x' , 'b':2}", {"a": "x", "b": 2}),
+        # Integer lists JSON would not take are the reader's, not orjson's.
+        ("f(ids=[01, 2], n=[-00])", {"ids": [1, 2], "n": [0]}),
+    ],
+)
+def test_repr_reader_skips_only_the_blanks_it_should(text, value):
+    if value is None:
+        with pytest.raises(pyrepr.ReprError):
+            pyrepr.parse(text)
+    else:
+        assert pyrepr.parse(text) == (value, len(text))
+
+
+@pytest.mark.parametrize(
     "text", ["f(a='x", "[1, 2", "{'a': }", "f(a=1 b=2)", "(" * 100 + ")" * 100]
 )
 def test_repr_reader_rejects_broken_text_with_a_value_error(text):
