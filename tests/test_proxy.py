@@ -393,17 +393,23 @@ class PipeReader:
             self._ended = True
             self._changed.notify_all()
 
-    def wait_for(self, text: str, timeout: float) -> None:
-        """Until a line holds ``text``, the pipe ends, or ``timeout`` s pass."""
+    def wait_for(self, text: str, timeout: float) -> bool:
+        """Whether a line holds ``text`` before the pipe ends or ``timeout`` s pass."""
         with self._changed:
-            self._changed.wait_for(
-                lambda: self._ended or any(text in line for line in self.lines), timeout
-            )
+            return self._changed.wait_for(
+                lambda: any(text in line for line in self.lines) or self._ended, timeout
+            ) and any(text in line for line in self.lines)
+
+    def so_far(self) -> str:
+        with self._changed:
+            return "".join(self.lines)
 
     def text(self, timeout: float = 10.0) -> str:
-        """Everything read, once the pipe ended (call after the child exited)."""
+        """Everything read: the pipe must end within ``timeout`` s (after the child
+        exited; a grandchild that kept the pipe open would fail the test here)."""
         self._thread.join(timeout)
-        return "".join(self.lines)
+        assert not self._thread.is_alive(), "the pipe is still open"
+        return self.so_far()
 
 
 def test_crosstalk_run_with_builtin_simulator_stops_cleanly_on_sigterm(tmp_path):
@@ -426,7 +432,7 @@ def test_crosstalk_run_with_builtin_simulator_stops_cleanly_on_sigterm(tmp_path)
         stderr=subprocess.PIPE,
         text=True,
     )
-    stdout = PipeReader(proc.stdout)
+    stdout, stderr = PipeReader(proc.stdout), PipeReader(proc.stderr)  # neither fills up
     try:
         wait_for_port(port, proc)
         answer = client(f"http://127.0.0.1:{port}", "acme").chat.completions.create(
@@ -435,12 +441,12 @@ def test_crosstalk_run_with_builtin_simulator_stops_cleanly_on_sigterm(tmp_path)
         assert answer.choices[0].message.content
         # The banner waits for the detector process, which a loaded machine started
         # after the port opened and the answer came (a stop then left no banner).
-        stdout.wait_for("crosstalk is running", timeout=120)
+        assert stdout.wait_for("crosstalk is running", timeout=120), stderr.so_far()[-2000:]
     finally:
         code = stop(proc)
-    out = stdout.text()
-    assert code == 0, proc.stderr.read()
-    assert "crosstalk is running (shadow mode)" in out, (out, proc.stderr.read()[-2000:])
+    out, err = stdout.text(), stderr.text()
+    assert code == 0, err
+    assert "crosstalk is running (shadow mode)" in out, (out, err[-2000:])
     assert "curl" in out and "openai" in out
     events = read_events(log)
     assert [e["tenant"] for e in events if e["event"] == "exchange"] == ["acme"]
