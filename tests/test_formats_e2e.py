@@ -42,14 +42,10 @@ MODEL = "sim-llm-1"
 # into the leaked text (tests/traffic.py), the enforce run measured 58/65 (0.89) twice
 # and up to 0.95 in four other runs of 2026-12-01; the floor leaves room for the faults,
 # which differ from run to run. The per-format floor is there to catch one format's
-# parsing going wrong, so sampling must not reach it: at 200 requests a format (~15
-# targets) one CI run found 11 of anthropic's 15 (61/67 overall), since each miss costs
-# 7 points. The misses were borderline, and which ones depends on the order concurrent
-# requests reach the engine: text the warm state knows as common (a template's Japanese
-# sentences, a prompt's project name) and an order number among plain words, one
-# distinctive word where a fragment needs two. At 400 a format (~30 targets), under
-# load on 2026-12-05: enforce 128/130, 140/142, 134/136, shadow 135/138, 124/128,
-# 127/132; each format >= 0.93 in every run.
+# parsing going wrong, so sampling must not reach it: at ~15 targets a format each
+# (borderline, order-dependent) miss cost 7 points, and a CI run fell under it; at 400
+# requests a format (~30 targets) no format was under 0.93 in six loaded runs
+# (docs/api-formats.md).
 MIN_RECALL, MIN_FORMAT_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.85, 0.75, 0.95, 0.005
 
 
