@@ -186,9 +186,12 @@ def read_events(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in path.read_bytes().splitlines() if line.strip()]
 
 
-def wait_for_events(path: Path, predicate, timeout: float = 10.0) -> list[dict]:
+def wait_for_events(path: Path, predicate, timeout: float = 60.0) -> list[dict]:
     """Events of ``path`` once ``predicate(events)`` holds (the proxy logs a streamed
-    exchange after the client has its last byte)."""
+    exchange after the client has its last byte), or all of them after ``timeout``. The
+    default is long because it costs nothing when the events come: what the detector
+    process logs waits for it to load its state, which took over 10 s on a loaded
+    machine (a canary test saw one of its two events)."""
     deadline = time.monotonic() + timeout
     while True:
         events = read_events(path)

@@ -419,7 +419,7 @@ def exchanges_of(proxy, request_id: str) -> list[dict]:
     def of(events: list[dict]) -> list[dict]:
         return [e for e in events if e["event"] == "exchange" and e["request_id"] == request_id]
 
-    return of(wait_for_events(proxy.log, of, timeout=10))
+    return of(wait_for_events(proxy.log, of))
 
 
 def test_anthropic_sdk_raises_on_a_block_and_does_not_retry(enforcing):
@@ -546,9 +546,7 @@ def test_vllm_demo_generate_and_sglang_incremental_streams_are_scanned(tmp_path,
             with urllib.request.urlopen(request, timeout=30) as response:
                 assert response.read() == sim.sent(rid)
         events = wait_for_events(
-            proxy.log,
-            lambda ev: len([e for e in ev if e["event"] == "exchange"]) >= 4,
-            timeout=10,
+            proxy.log, lambda ev: len([e for e in ev if e["event"] == "exchange"]) >= 4
         )
     leaks = {e["request_id"]: e for e in events if e["event"] == "leak.detected"}
     assert set(cases) <= set(leaks), sorted(leaks)
