@@ -4,11 +4,15 @@ monitor makes: ``feed`` and ``finish``), against the whole run's wall time. What
 the engine's is the replay's own work: reading the input, the per-event path (SSE,
 the API's JSON, counting, batching), the log and the report, and start-up.
 
+With ``--engine-off`` the engine sees nothing (``observe_prompt`` returns a scan that
+finds nothing): what is left is the replay's own floor, the rate no engine, however
+fast, can lift a replay past.
+
 Informational: prints one line a call kind and exits with the replay's own status.
 The arguments are ``crosstalk replay``'s (the capture, ``--config``, ...); give
 ``--state`` a copy when the config's state file must stay as it is (replay only reads it).
 
-    python bench/replay_split.py CAPTURE --config crosstalk.toml [replay arguments]
+    python bench/replay_split.py [--engine-off] CAPTURE --config crosstalk.toml [replay arguments]
 """
 
 from __future__ import annotations
@@ -43,7 +47,24 @@ def timed(function, name_of):
     return call
 
 
+class BlindScan:
+    """A scan that finds nothing: what ``ExchangeMonitor`` calls of a ``ResponseScan``."""
+
+    finished = False
+    output_words = 0.0
+
+    def feed(self, delta: str, choice: int = 0, now: float | None = None) -> list:
+        return []
+
+    def finish(self, now: float | None = None) -> list:
+        self.finished = True
+        return []
+
+
 def main(argv: list[str]) -> int:
+    if "--engine-off" in argv:
+        argv = [a for a in argv if a != "--engine-off"]
+        Engine.observe_prompt = lambda *args, **kwargs: BlindScan()
     Engine.observe_prompt = timed(Engine.observe_prompt, lambda args: "observe_prompt")
     # ExchangeMonitor._scan(monitor, method, *args): the scan's method names the call
     ExchangeMonitor._scan = timed(ExchangeMonitor._scan, lambda args: args[1].__name__)
