@@ -335,7 +335,10 @@ def validate(config: Config) -> Config:
     if p.mode not in MODES:
         raise ConfigError(f"proxy.mode must be one of {MODES}, not {p.mode!r}")
     if p.upstream and not p.upstream.startswith(("http://", "https://")):
-        raise ConfigError(f"proxy.upstream must be an http:// or https:// URL: {p.upstream!r}")
+        raise ConfigError(
+            "proxy.upstream must be an http:// or https:// URL, not one that "
+            f"starts {p.upstream.split(':', 1)[0]!r}"  # the rest may hold a password
+        )
     if not 0 <= p.listen_port <= 65535:
         raise ConfigError("proxy.listen_port must be 0..65535")
     if p.log_format not in LOG_FORMATS:
@@ -453,7 +456,10 @@ def _validate_index(index: IndexSection, key: str) -> None:
             "under a key generated at start mean nothing to the other replicas"
         )
     if index.url and not index.url.startswith(("redis://", "rediss://")):
-        raise ConfigError(f"index.url must be a redis:// or rediss:// URL: {index.url!r}")
+        raise ConfigError(
+            "index.url must be a redis:// or rediss:// URL, not one that "
+            f"starts {index.url.split(':', 1)[0]!r}"  # the rest may hold a password
+        )
     if not index.stream:
         raise ConfigError("index.stream must not be empty")
     if index.outbox_records < 1:

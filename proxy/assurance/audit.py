@@ -329,8 +329,27 @@ def _llamacpp_version(build_info: str) -> tuple[str | None, str]:
     return f"b{build}", f"build_info {build_info}: build {build}, commit {commit}"
 
 
+# A field an engine's info endpoint may fill with a credential (SGLang's server args
+# carry ``api_key`` and ``admin_api_key``); ``max_prefill_tokens`` and the like are not.
+_CREDENTIAL_FIELD = re.compile(r"(?:^|_)(?:api_?key|key|token|secret|password|passwd)$", re.I)
+
+
+def _without_credentials(body: Any) -> Any:
+    """``body`` without the fields whose names say they hold a credential, at any depth."""
+    if isinstance(body, dict):
+        return {
+            k: _without_credentials(v)
+            for k, v in body.items()
+            if not (isinstance(k, str) and _CREDENTIAL_FIELD.search(k))
+        }
+    if isinstance(body, list):
+        return [_without_credentials(v) for v in body]
+    return body
+
+
 def _short(body: Any, limit: int = 80) -> str:
-    text = json.dumps(body, sort_keys=True) if not isinstance(body, str) else body
+    """An endpoint's answer as evidence: its first ``limit`` characters, credentials out."""
+    text = body if isinstance(body, str) else json.dumps(_without_credentials(body), sort_keys=True)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -124,8 +124,8 @@ def new_replica_id(name: str = "") -> str:
 def redacted(url: str) -> str:
     """``url`` without a password, for logs."""
     scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.split("@", 1)[1]
+    if "@" in rest:  # the last @ ends the user info: a password may hold one unescaped
+        rest = "***@" + rest.rpartition("@")[2]
     return scheme + sep + rest
 
 
