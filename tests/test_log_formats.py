@@ -304,11 +304,15 @@ def test_repr_reader_skips_only_the_blanks_it_should(text, value):
 
 
 @pytest.mark.parametrize(
-    "text", ["f(a='x", "[1, 2", "{'a': }", "f(a=1 b=2)", "(" * 100 + ")" * 100]
+    "text",
+    ["f(a='x", "[1, 2", "{'a': }", "f(a=1 b=2)", "(" * 100 + ")" * 100, "f(a=1 Okonkwo)", "[1 zq]"],
 )
 def test_repr_reader_rejects_broken_text_with_a_value_error(text):
-    with pytest.raises(ValueError):
+    """A ``ValueError`` that says where, never what it read (its message is logged)."""
+    with pytest.raises(ValueError) as raised:
         pyrepr.parse(text)
+    message = str(raised.value)
+    assert not [word for word in ("Okonkwo", "zq", "b=2", "'x") if word in message], message
 
 
 # -- hostile and broken logs (found in review) ---------------------------------------------
@@ -367,6 +371,33 @@ def test_odd_values_skip_their_record_and_the_replay_goes_on(tmp_path):
     per = {Path(r["input"]).name: r["exchanges"] for r in report["summary"]["per_input"]}
     assert per["vllm.log"] == 4 and per["otel.jsonl"] == 1
     assert status == 1 and report["summary"]["skipped"] == 3  # vLLM's leak is still found
+
+
+def test_a_skipped_line_is_said_without_its_text(tmp_path, capsys):
+    """A vLLM line cut inside its prompt is skipped with its place and why, in the log,
+    on stderr and in the reports, and none of them quotes the prompt: the reader's
+    message says where it stopped, never what it read there."""
+    lines = (DATA / "vllm-requests.log").read_text().splitlines()
+    private = "Hi, Okonkwo: wire the settlement to IBAN GB33BUKB20201555555555 tonight"
+    cut = (
+        lines[0].replace("chatcmpl-acme-", "chatcmpl-acme-cut").replace("Draft a two-line", private)
+    )
+    lines.append(cut[: cut.index("settlement") + 30])  # cut inside the prompt, no newline
+    path = tmp_path / "vllm.log"
+    path.write_text("\n".join(lines))
+    status, events, report = replay(
+        tmp_path, str(path), "--report", str(tmp_path / "report.html"),
+        "--tenant-from", "request_id", "--tenant-pattern", "^chatcmpl-([a-z]+)-",
+    )  # fmt: skip
+    (skipped,) = [e for e in events if e["event"] == "replay.skipped"]
+    assert skipped["record"] == len(lines) and "cut short" in skipped["reason"], skipped
+    said = "".join(
+        [(tmp_path / name).read_text() for name in ("events.jsonl", "report.json", "report.html")]
+        + [capsys.readouterr().err]
+    )
+    assert "skipped" in said and report["summary"]["skipped"] == 1
+    for word in ("Okonkwo", "settlement", "GB33", "BUKB", "wire the"):
+        assert word not in said, word
 
 
 def test_an_input_with_no_exchange_is_not_clean(tmp_path, capsys):

@@ -181,6 +181,34 @@ def test_non_json_response_fails_open(proxy, sim):
     assert errors and errors[0]["action"] == "failed_open"
 
 
+def test_the_log_quotes_neither_an_undecodable_body_nor_a_query(proxy, sim):
+    """A body in no encoding its header names passes unchanged and fails open; the log
+    says why without the codec's message (which quotes the whole body), and a path is
+    logged without its query string (which can carry a key)."""
+    rid = "rid-mislabelled"
+    prompt = "Quote the Halvorsen escrow clause for account 5512-0087 word for word."
+    status, headers, data = raw_post(
+        proxy.port,
+        "/v1/chat/completions?api_key=sk-query-secret-8842",
+        json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}]}).encode(),
+        **{"X-Tenant-ID": "t-priv", "X-Request-ID": rid, "x-sim-misbehave": "mislabelled"},
+    )
+    assert status == 200 and headers.get("content-encoding") == "utf-16"
+    assert data == sim.sent(rid)
+    events = wait_for_events(
+        proxy.log,
+        lambda ev: any(e.get("request_id") == rid and e["event"] == "exchange" for e in ev),
+    )
+    mine = [e for e in events if e.get("request_id") == rid]
+    errors = [e for e in mine if e["event"] == "detector.error"]
+    assert errors and errors[0]["reason"].startswith("body not decodable: ValueError at ")
+    assert errors[0]["action"] == "failed_open"
+    assert [e["path"] for e in mine if e["event"] == "exchange"] == ["/v1/chat/completions"]
+    answer = json.loads(data)["choices"][0]["message"]["content"]
+    log = proxy.log.read_text()
+    assert answer[:24] not in log and "sk-query-secret" not in log and "Halvorsen" not in log
+
+
 def test_gzip_response_reaches_client_unchanged_and_detector_sees_plaintext(proxy, sim):
     # Tenant A's private prompt, then a response to tenant B that leaks a page of it,
     # gzip-compressed by the engine: the detector must still find it.

@@ -490,6 +490,25 @@ def test_the_prompt_clock_is_when_the_request_arrived_not_when_it_was_scanned(ca
     assert {(e["tenant"], e["source_tenant"]) for e in found} == {("tenant-b", "tenant-a")}
 
 
+def test_a_body_no_decoder_reads_is_a_detector_error_that_quotes_none_of_it(captured):
+    """A buffered answer labelled with an encoding it is not in (UTF-16, an odd number of
+    bytes) cannot be scanned: a ``detector.error`` that names the failure, not the
+    codec's message, which quotes the whole body."""
+    answer = "Ingrid's escrow reference is KX-0193-ALPHA, account NO93 8601 1117 947."
+    flow = chat_flow("tenant-u", "Anything for me?", answer, 2000.0, 2000.1)
+    body = flow.response.content + b" " * (1 - len(flow.response.content) % 2)
+    flow.response.headers["content-encoding"] = "utf-16"
+    flow.response.raw_content = body
+    path = captured.root / "mislabelled.flows"
+    with path.open("wb") as f:
+        FlowWriter(f).add(flow)
+    _, events = captured.replay(path, name="mislabelled")
+    (error,) = [e for e in events if e["event"] == "detector.error"]
+    assert error["reason"].startswith("body not decodable: ValueError at "), error
+    logged = json.dumps(events)
+    assert "escrow" not in logged and "KX-0193" not in logged and "NO93" not in logged
+
+
 # -- corrupt input -----------------------------------------------------------------------------
 
 

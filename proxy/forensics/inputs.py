@@ -17,6 +17,7 @@ from typing import IO, Any
 
 import orjson
 
+from proxy.eventlog import unquoted
 from proxy.forensics.replayer import ExchangeRecord, RecordedResponse
 
 
@@ -186,9 +187,10 @@ def field_at(obj: Any, dotted: str) -> Any:
 
 
 def reason(error: Exception) -> str:
-    """An exception as one short line, for a skipped record's message."""
+    """An exception as one short line, for a skipped record's message: what a reader's
+    or a library's message quotes of the record is left out (``eventlog.unquoted``)."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
-    return text[:200]
+    return unquoted(text)
 
 
 #: What reading one record may raise on bad input (the record is then skipped).

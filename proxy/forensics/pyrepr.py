@@ -86,7 +86,8 @@ class Opaque:
 
 
 class ReprError(ValueError):
-    """The text is not a repr this reader understands (with where it stopped)."""
+    """The text is not a repr this reader understands. The message says where it stopped,
+    never what it read there (a log line holds prompts; the message reaches the log)."""
 
 
 def parse(text: str, start: int = 0) -> tuple[Any, int]:
@@ -126,7 +127,7 @@ def _escape(m: re.Match[str]) -> str:
     else:
         return "\\" + code  # not an escape: Python keeps the backslash
     if value > 0x10FFFF:
-        raise ReprError(f"escape \\{code} is out of range")
+        raise ReprError("an escape is out of range")
     return chr(value)
 
 
@@ -244,7 +245,7 @@ class _Reader:
                 continue
             m = label.match(s, i)
             if m is None and not positional:
-                raise ReprError(f"a {separator!r} field was expected at {i}")
+                raise ReprError(f"a field with {separator} was expected at {i}")
             key = m.group(1) if m else str(n)
             n += m is None
             try:
@@ -259,7 +260,7 @@ class _Reader:
             return i + 1
         if i >= len(self.s) or self.s[i] == closer:
             return i
-        raise ReprError(f"{closer!r} or ',' expected at {i}, found {self.s[i : i + 20]!r}")
+        raise ReprError(f"a comma or {closer} was expected at {i}")
 
     def _opaque(self, i: int) -> tuple[Opaque, int]:
         """Skip to the next ``,`` or closing bracket at this depth (strings skipped whole)."""
@@ -279,5 +280,5 @@ class _Reader:
                 break
             i += 1
         if i == start:
-            raise ReprError(f"a value was expected at {i}, found {s[i : i + 20]!r}")
+            raise ReprError(f"a value was expected at {i}")
         return Opaque(s[start:i]), i

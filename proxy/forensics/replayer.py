@@ -39,6 +39,7 @@ from mitmproxy.net import encoding as http_encoding
 from proxy.config import Config
 from proxy.engine import Engine, Finding
 from proxy.engine.degenerate import ExchangeWatch
+from proxy.eventlog import error_text
 from proxy.pipeline.exchange import ExchangeMonitor
 from proxy.protocols import ProtocolError, route_for
 from proxy.protocols.sse import SSEFramer
@@ -321,7 +322,7 @@ class Replayer:
                 pass  # the stream ended: nothing to queue
             except Exception as e:  # noqa: BLE001 -- one broken record never ends a replay
                 self.stats.failures += 1
-                self.sink.failure(position, f"{type(e).__name__}: {e}")
+                self.sink.failure(position, error_text(e))
             else:
                 if when <= until:
                     when, _, steps, position = heapq.heappushpop(
@@ -389,7 +390,7 @@ class Replayer:
                 try:
                     body = decoded_body(response)
                 except ValueError as e:
-                    monitor.detector_error = f"body not decodable: {e}"
+                    monitor.detector_error = f"body not decodable: {error_text(e)}"
             if body is not None and 200 <= response.status < 300:
                 monitor.on_body(body)
             else:

@@ -30,7 +30,7 @@ from proxy import factory
 from proxy.engine import Engine, Finding
 from proxy.engine.baseline import Baseline, BaselineError
 from proxy.engine.records import Record
-from proxy.eventlog import make_logger
+from proxy.eventlog import error_text, make_logger, path_only, unquoted
 from proxy.mitm import addon_errors
 from proxy.mitm import error_pages as mitm_errors
 from proxy.mitm.detector_process import DetectorProcess, FlowMirror
@@ -517,7 +517,7 @@ class CrossTalk:
                         tenant, request_id, parsed.prompt, arrived, model_text=parsed.model_text
                     )
                 except Exception as e:  # noqa: BLE001 -- fail open
-                    monitor.detector_error = f"{type(e).__name__}: {e}"
+                    monitor.detector_error = error_text(e)
                 else:
                     self._sink(monitor.scan.prompt)
 
@@ -534,7 +534,10 @@ class CrossTalk:
             return route.parse_request(flow.request.get_content(strict=False) or b"")
         except ProtocolError as e:
             self.log.warning(
-                "request.unparsed", request_id=request_id, path=flow.request.path, reason=str(e)
+                "request.unparsed",
+                request_id=request_id,
+                path=path_only(flow.request.path),
+                reason=str(e),
             )
             return None
 
@@ -618,7 +621,7 @@ class CrossTalk:
     def _idle_failed(self, error: Exception) -> None:
         """A deferred item raised outside the monitor's own failure handling (e.g. while
         logging an exchange): said in the log, never to the event loop."""
-        self.log.error("shadow_queue.error", reason=f"{type(error).__name__}: {error}"[:300])
+        self.log.error("shadow_queue.error", reason=error_text(error))
 
     def _synchronous(self, on_chunk):
         """A stream callable that brings the engine up to date (the idle queue) before
@@ -637,7 +640,7 @@ class CrossTalk:
         try:
             return response.get_content(strict=True)
         except ValueError as e:
-            monitor.detector_error = f"body not decodable: {e}"
+            monitor.detector_error = f"body not decodable: {error_text(e)}"
             return None
 
     def _replace_with_block(self, flow: http.HTTPFlow, monitor: ExchangeMonitor) -> None:
@@ -699,14 +702,14 @@ class CrossTalk:
             )
         fields: dict[str, Any] = {}
         if error:
-            fields["error"] = error
+            fields["error"] = unquoted(error)
         if monitor.truncated:
             fields["truncated"] = True
         if monitor.scan_capped:
             self.counters["scans_capped"] += 1
             fields["scan_capped"] = True  # the output past max_scanned_output_chars
         if monitor.upstream_error:
-            fields["upstream_error"] = str(monitor.upstream_error.get("message", ""))[:200]
+            fields["upstream_error"] = unquoted(str(monitor.upstream_error.get("message", "")))
         self._exchange_line(flow, monitor, status, monitor.verdict, **fields)
 
     def _exchange_line(
@@ -717,7 +720,7 @@ class CrossTalk:
             request_id=monitor.request_id,
             tenant=monitor.tenant,
             method=flow.request.method,
-            path=flow.request.path,
+            path=path_only(flow.request.path),
             status=status,
             stream=monitor.stream,
             model=monitor.model,
@@ -742,7 +745,7 @@ class CrossTalk:
         self.log.warning("request.rejected", request_id=request_id, reason="no tenant")
 
     def _note_unknown(self, flow: http.HTTPFlow) -> None:
-        key = f"{flow.request.method} {flow.request.path.split('?')[0]}"
+        key = f"{flow.request.method} {path_only(flow.request.path)}"
         if key not in self._unknown_logged and len(self._unknown_logged) < 1000:
             self._unknown_logged.add(key)
             self.log.debug(

@@ -33,6 +33,7 @@ from mitmproxy.proxy.layers.http import (
     HttpResponseHook,
 )
 
+from proxy.eventlog import error_text
 from proxy.mitm.addon import CrossTalk
 from proxy.mitm.detector_process import READ_SIZE, FrameDecoder, encode
 from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
@@ -197,9 +198,7 @@ async def serve(read_fd: int, write_fd: int) -> int:
         try:
             await copies.handle(message)
         except Exception as e:  # noqa: BLE001 -- one bad copy never stops detection
-            crosstalk.log.error(
-                "detector.error", reason=f"copy not processed: {type(e).__name__}: {e}"
-            )
+            crosstalk.log.error("detector.error", reason=f"copy not processed: {error_text(e)}")
     master.shutdown()
     await running
     return 0

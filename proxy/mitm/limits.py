@@ -18,6 +18,7 @@ from __future__ import annotations
 from mitmproxy import ctx, http
 
 from proxy.config import LimitsSection
+from proxy.eventlog import path_only
 from proxy.mitm.flowstate import crosstalk_addon
 from proxy.protocols import route_for
 
@@ -101,6 +102,6 @@ class CrossTalkLimits:
             "limit.exceeded",
             status=status,
             code=code,
-            path=flow.request.path.split("?", 1)[0],
+            path=path_only(flow.request.path),
             in_flight=self.in_flight,
         )

@@ -26,11 +26,19 @@ from typing import Any
 
 from proxy.engine import Finding, ResponseScan
 from proxy.engine.tokens import words_in  # noqa: F401 -- part of this module's API
+from proxy.eventlog import error_text
 from proxy.pipeline._monitor import MonitorFields, expose
 from proxy.pipeline.gate import StreamGate
 from proxy.protocols import ProtocolError, Route, StreamParserLike, as_route
 from proxy.protocols.decoding import Decoder, UnsupportedEncoding, stream_decoder
 from proxy.protocols.sse import SSEDecoder, SSEFramer
+
+
+class OverBudget(TimeoutError):
+    """A scan call over the time budget (the message gives its wall and CPU time)."""
+
+    quotes_no_text = True  # for the log (``eventlog.error_text``)
+
 
 FindingsCallback = Callable[["ExchangeMonitor", list[Finding]], None]
 BLOCK_MESSAGE = (
@@ -481,7 +489,7 @@ class ExchangeMonitor(MonitorFields):
             self.on_scan(elapsed)
         self._report(found)
         if self.blocked_by is None and (over := self._over_budget(elapsed)):
-            raise TimeoutError(over)
+            raise OverBudget(over)
 
     def _mark_cpu(self) -> None:
         if self.enforcement is not None:
@@ -521,7 +529,7 @@ class ExchangeMonitor(MonitorFields):
         self.on_findings(self, findings)
 
     def _fail(self, error: Exception) -> None:
-        self.detector_error = f"{type(error).__name__}: {error}"
+        self.detector_error = error_text(error)
 
     def text_of(self, finding: Finding) -> str | None:
         """The leaked span as the client's output had it (only with ``keep_text``)."""

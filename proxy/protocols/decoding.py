@@ -21,7 +21,9 @@ Decoder = Callable[[bytes], bytes]
 
 
 class UnsupportedEncoding(ValueError):
-    pass
+    """A content-encoding no decoder here reads (named in the message)."""
+
+    quotes_no_text = True  # for the log (``eventlog.error_text``)
 
 
 def stream_decoder(content_encoding: str | None) -> Decoder:

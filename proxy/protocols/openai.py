@@ -48,8 +48,11 @@ _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 class ProtocolError(ValueError):
     """A body that is not the JSON shape the OpenAI API defines.
 
-    The caller should log it and pass the traffic through untouched.
+    The caller should log it and pass the traffic through untouched. Its messages say
+    what is wrong with the shape, never what the body holds.
     """
+
+    quotes_no_text = True  # for the log (``eventlog.error_text``)
 
 
 class _Shape(Exception):

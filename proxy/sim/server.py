@@ -3,7 +3,8 @@
 It stands in for vLLM/SGLang in tests, benchmarks and demos: deterministic answers
 (answers), cross-tenant leaks injected at a configurable rate with a JSON-lines truth file
 (faults), streaming that goes out event by event like a real engine, and header-selected
-misbehaviour (truncated streams, error events, gzip bodies, 500s) for the proxy's
+misbehaviour (truncated streams, error events, gzip bodies, bodies in no encoding their
+header names, 500s) for the proxy's
 bad-input tests.
 
 It speaks the OpenAI API (``/v1/chat/completions``, ``/v1/completions``) and, through
@@ -45,7 +46,16 @@ from proxy.sim.answers import (
 from proxy.sim.faults import FAULT_KINDS, FaultInjector
 from proxy.sim.templates import unrender
 
-MISBEHAVIOURS = ("nonjson", "truncate", "error-event", "gzip", "status500", "slow", "stall")
+MISBEHAVIOURS = (
+    "nonjson",
+    "truncate",
+    "error-event",
+    "gzip",
+    "mislabelled",
+    "status500",
+    "slow",
+    "stall",
+)
 # Misbehaviours after which the answer does not reach the client in full.
 UNDELIVERED = frozenset({"nonjson", "truncate", "error-event", "status500"})
 SLOW_CHUNK_DELAY = 0.2  # seconds per chunk under `x-sim-misbehave: slow`
@@ -536,10 +546,16 @@ async def _completion(
             obj = native.body(ex, resp_id, created, cfg.model)
         else:
             obj = full_body(ex, resp_id, created, cfg.model)
-        if "gzip" in ex.misbehave:
-            data = gzip.compress(_dumps(obj).encode())
+        if "gzip" in ex.misbehave or "mislabelled" in ex.misbehave:
+            if "gzip" in ex.misbehave:
+                data, encoding = gzip.compress(_dumps(obj).encode()), "gzip"
+            else:
+                # Labelled UTF-16 but sent as UTF-8, padded to an odd length: no decoder
+                # reads it, and the codec's error quotes the whole body.
+                data = _dumps(obj).encode()
+                data, encoding = data + b" " * (1 - len(data) % 2), "utf-16"
             headers = {
-                "Content-Encoding": "gzip",
+                "Content-Encoding": encoding,
                 "Content-Type": "application/json",
                 "x-sim-request-id": ex.request_id,
             }
