@@ -11,9 +11,7 @@ Events never carry raw prompt or output text unless the operator turns that on.
 from __future__ import annotations
 
 import logging
-import re
 import sys
-import traceback
 from pathlib import Path
 from typing import IO, Any
 
@@ -54,39 +52,3 @@ def make_logger(path: str | Path | None = None, level: str = "info", fmt: str = 
         wrapper_class=structlog.make_filtering_bound_logger(LEVELS[level]),
         cache_logger_on_first_use=True,
     )
-
-
-# A quoted value in another library's message (``'...'``, ``"..."``, ``b'...'``): a
-# quote that opens after a letter is an apostrophe (``can't``), one left open runs to the
-# end of the message.
-_QUOTED = re.compile(
-    r"""(?<![\w'"])[bBrRuU]{0,2}(?:'(?:[^'\\]|\\.)*(?:'|$)|"(?:[^"\\]|\\.)*(?:"|$))""", re.S
-)
-
-
-def error_text(error: BaseException) -> str:
-    """``error`` for the log: its type and the file and line that raised it, never its
-    message (the message of a parser, a codec or the engine may quote the text it was
-    given). An exception whose class sets ``quotes_no_text`` (its messages are made of
-    fixed words, numbers and header values) is its type and message. An exception that
-    was never raised has no line: its type alone."""
-    if getattr(error, "quotes_no_text", False):
-        return f"{type(error).__name__}: {error}"
-    frames = traceback.extract_tb(error.__traceback__)
-    if not frames:
-        return type(error).__name__
-    raised = frames[-1]
-    return f"{type(error).__name__} at {Path(raised.filename).name}:{raised.lineno}"
-
-
-def unquoted(message: str, limit: int = 200) -> str:
-    """``message`` (another library's, or a peer's) with every quoted part, ``'...'``,
-    ``"..."``, ``b'...'``, shown as ``'…'``, and cut at ``limit`` characters: what is
-    left says what went wrong, not what was in the text. A quote left open drops the
-    rest of the message."""
-    return _QUOTED.sub("'…'", message)[:limit]
-
-
-def path_only(path: str) -> str:
-    """A request's path without its query string (which can carry a key or a token)."""
-    return path.split("?", 1)[0]

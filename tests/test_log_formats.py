@@ -391,6 +391,7 @@ def test_a_skipped_line_is_said_without_its_text(tmp_path, capsys):
     )  # fmt: skip
     (skipped,) = [e for e in events if e["event"] == "replay.skipped"]
     assert skipped["record"] == len(lines) and "cut short" in skipped["reason"], skipped
+    assert "'…'" not in skipped["reason"]  # the reader quoted nothing to take out
     said = "".join(
         [(tmp_path / name).read_text() for name in ("events.jsonl", "report.json", "report.html")]
         + [capsys.readouterr().err]

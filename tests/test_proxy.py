@@ -201,7 +201,9 @@ def test_the_log_quotes_neither_an_undecodable_body_nor_a_query(proxy, sim):
     )
     mine = [e for e in events if e.get("request_id") == rid]
     errors = [e for e in mine if e["event"] == "detector.error"]
-    assert errors and errors[0]["reason"].startswith("body not decodable: ValueError at ")
+    reason = errors[0]["reason"] if errors else ""
+    assert reason.startswith("body not decodable (content-encoding 'utf-16'): ValueError at ")
+    assert reason.endswith(")") and "(from mitm/addon.py:" in reason, reason
     assert errors[0]["action"] == "failed_open"
     assert [e["path"] for e in mine if e["event"] == "exchange"] == ["/v1/chat/completions"]
     answer = json.loads(data)["choices"][0]["message"]["content"]

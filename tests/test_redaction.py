@@ -7,14 +7,17 @@ test_proxy.py, test_replay.py and test_log_formats.py."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
 from proxy.assurance.audit import Fetched, identify_from
 from proxy.config import ConfigError, load_text
-from proxy.eventlog import error_text, path_only, unquoted
+from proxy.forensics.replayer import decoded_body
 from proxy.pipeline.exchange import OverBudget
 from proxy.protocols.decoding import UnsupportedEncoding
+from proxy.protocols.openai import ProtocolError, parse_request
+from proxy.redaction import error_text, path_only, unquoted
 from proxy.store.redis_index import redacted
 
 
@@ -36,21 +39,36 @@ def raised(error: Exception) -> Exception:
         ("invalid literal for int() with base 10: 'Okonkwo'", "invalid literal for int() with base 10: '…'"),
         ("the user's key was refused", "the user's key was refused"),
         ("rb'\\x00 secret' at 3", "'…' at 3"),
+        ("found 'a prompt that ends in a backslash\\", "found '…'"),
+        ("found \"a prompt that ends in a backslash\\", "found '…'"),
     ],
 )  # fmt: skip
 def test_unquoted_drops_every_quoted_part_and_keeps_the_words_around_it(message, shown):
     assert unquoted(message) == shown
 
 
-def test_unquoted_cuts_at_its_limit():
+def test_unquoted_cuts_at_its_limit_before_it_looks_for_quotes():
     assert unquoted("x" * 500) == "x" * 200 and unquoted("abcdef", limit=3) == "abc"
+    hostile = " '" + "\\'" * 100_000 + "\\"  # escaped quotes that never close
+    assert unquoted(hostile) == " '…'"
+    assert unquoted("x" * 195 + " 'Okonkwo'") == "x" * 195 + " '…'"
 
 
 def test_error_text_is_the_type_and_line_never_the_message():
     error = raised(ValueError("prompt: wire the Okonkwo settlement"))
-    assert error_text(error).startswith("ValueError at test_eventlog.py:")
+    assert error_text(error).startswith("ValueError at test_redaction.py:")
     assert "Okonkwo" not in error_text(error)
     assert error_text(KeyError("Okonkwo")) == "KeyError"  # never raised: no line
+
+
+def test_error_text_names_crosstalks_own_line_when_a_library_raised():
+    mislabelled = SimpleNamespace(headers={"content-encoding": "utf-16"}, body=b"Okonkwo")
+    with pytest.raises(ValueError) as refused:
+        decoded_body(mislabelled)  # mitmproxy's decoder raises, quoting the body
+    shown = error_text(refused.value)
+    assert shown.startswith("ValueError at encoding.py:"), shown
+    assert shown.endswith(")") and "(from forensics/replayer.py:" in shown, shown
+    assert "Okonkwo" in str(refused.value) and "Okonkwo" not in shown
 
 
 def test_error_text_keeps_the_message_of_classes_that_quote_no_text():
@@ -58,6 +76,11 @@ def test_error_text_keeps_the_message_of_classes_that_quote_no_text():
         "UnsupportedEncoding: content-encoding 'x' is not supported"
     )
     assert error_text(OverBudget("scan took 9.0 ms")) == "OverBudget: scan took 9.0 ms"
+    with pytest.raises(ProtocolError) as refused:
+        parse_request("chat", b'{"messages": "Okonkwo"}')
+    assert error_text(refused.value).startswith("ProtocolError: ")
+    assert "Okonkwo" not in error_text(refused.value)
+    assert len(error_text(OverBudget("9" * 500))) == 200
 
 
 def test_path_only_drops_the_query():
@@ -71,6 +94,8 @@ def test_path_only_drops_the_query():
         ("redis://user:pw@host:6379/0", "redis://***@host:6379/0"),
         ("redis://user:p@ss@host:6379/0", "redis://***@host:6379/0"),  # an unescaped @
         ("redis://host:6379/0", "redis://host:6379/0"),
+        ("redis://host:6379/0?client_name=ops@team", "redis://host:6379/0?client_name=ops@team"),
+        ("rediss://:pw@host", "rediss://***@host"),
     ],
 )
 def test_redacted_urls_keep_no_part_of_a_password(url, shown):
@@ -81,6 +106,7 @@ def test_redacted_urls_keep_no_part_of_a_password(url, shown):
     "config",
     [
         '[proxy]\nupstream = "ftp://user:hunter2@engine"\n',
+        '[proxy]\nupstream = "hunter2"\n',
         '[detection]\nkey = "' + "ab" * 32 + '"\n[index]\nurl = "http://user:hunter2@redis"\n',
     ],
 )
@@ -95,6 +121,9 @@ def test_an_engines_credentials_stay_out_of_the_audit_evidence():
         "api_key": "sk-engine-admin-31337",
         "admin_api_key": "sk-admin-31337",
         "hf_token": "hf_31337",
+        "hfToken": "hf_31337",
+        "x-api-key": "sk-31337",
+        "authorization": "Bearer 31337",
         "disable_radix_cache": False,
         "max_prefill_tokens": 16384,
         "tp_size": 1,

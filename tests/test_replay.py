@@ -44,6 +44,7 @@ from mitmproxy.test import tflow
 from traffic import Result, judge, load_truth, run_workload
 
 from proxy.cli import main as cli_main
+from proxy.engine import Engine
 from proxy.forensics.readers import open_input, read_records
 from proxy.forensics.report import GDPR_HOURS
 from proxy.mitm.capture import CHUNKS_KEY, OBSERVED_KEY
@@ -504,9 +505,29 @@ def test_a_body_no_decoder_reads_is_a_detector_error_that_quotes_none_of_it(capt
         FlowWriter(f).add(flow)
     _, events = captured.replay(path, name="mislabelled")
     (error,) = [e for e in events if e["event"] == "detector.error"]
-    assert error["reason"].startswith("body not decodable: ValueError at "), error
+    assert error["reason"].startswith(
+        "body not decodable (content-encoding 'utf-16'): ValueError at "
+    ), error
     logged = json.dumps(events)
     assert "escrow" not in logged and "KX-0193" not in logged and "NO93" not in logged
+
+
+def test_an_engine_that_raises_on_a_prompt_fails_open_without_quoting_it(captured, monkeypatch):
+    """The replay fails open on an engine error, as live, and logs the error's type and
+    line: the engine's message may quote the prompt."""
+
+    def observe(self, tenant, request_id, prompt, **kwargs):
+        raise ValueError(f"cannot read {prompt!r}")
+
+    monkeypatch.setattr(Engine, "observe_prompt", observe)
+    flow = chat_flow("tenant-v", "Quote the Okonkwo settlement for me.", "Done.", 3000.0, 3000.1)
+    path = captured.root / "engine-raises.flows"
+    with path.open("wb") as f:
+        FlowWriter(f).add(flow)
+    _, events = captured.replay(path, name="engine-raises")
+    (error,) = [e for e in events if e["event"] == "detector.error"]
+    assert error["reason"].startswith("ValueError at "), error
+    assert "Okonkwo" not in json.dumps(events)
 
 
 # -- corrupt input -----------------------------------------------------------------------------

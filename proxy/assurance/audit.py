@@ -330,8 +330,11 @@ def _llamacpp_version(build_info: str) -> tuple[str | None, str]:
 
 
 # A field an engine's info endpoint may fill with a credential (SGLang's server args
-# carry ``api_key`` and ``admin_api_key``); ``max_prefill_tokens`` and the like are not.
-_CREDENTIAL_FIELD = re.compile(r"(?:^|_)(?:api_?key|key|token|secret|password|passwd)$", re.I)
+# carry ``api_key`` and ``admin_api_key``), in any case style: ``hfToken``, ``x-api-key``.
+# ``max_prefill_tokens`` and the like are not; a ``monkey`` would go too, harmlessly.
+_CREDENTIAL_FIELD = re.compile(
+    r"(?:key|token|secret|password|passwd|authorization|credentials?)$", re.I
+)
 
 
 def _without_credentials(body: Any) -> Any:

@@ -17,8 +17,8 @@ from typing import IO, Any
 
 import orjson
 
-from proxy.eventlog import unquoted
 from proxy.forensics.replayer import ExchangeRecord, RecordedResponse
+from proxy.redaction import unquoted
 
 
 class InputError(Exception):
@@ -188,7 +188,7 @@ def field_at(obj: Any, dotted: str) -> Any:
 
 def reason(error: Exception) -> str:
     """An exception as one short line, for a skipped record's message: what a reader's
-    or a library's message quotes of the record is left out (``eventlog.unquoted``)."""
+    or a library's message quotes of the record is left out (``redaction.unquoted``)."""
     text = str(error).splitlines()[0] if str(error) else type(error).__name__
     return unquoted(text)
 

@@ -39,10 +39,10 @@ from mitmproxy.net import encoding as http_encoding
 from proxy.config import Config
 from proxy.engine import Engine, Finding
 from proxy.engine.degenerate import ExchangeWatch
-from proxy.eventlog import error_text
 from proxy.pipeline.exchange import ExchangeMonitor
 from proxy.protocols import ProtocolError, route_for
 from proxy.protocols.sse import SSEFramer
+from proxy.redaction import error_text
 from proxy.tenants import HeaderView, TenantRules, request_id_of, resolve_tenant
 
 #: Records sorted per input file before the merge (``--sort-buffer``), and the body
@@ -390,7 +390,7 @@ class Replayer:
                 try:
                     body = decoded_body(response)
                 except ValueError as e:
-                    monitor.detector_error = f"body not decodable: {error_text(e)}"
+                    monitor.undecodable(response.headers.get("content-encoding"), e)
             if body is not None and 200 <= response.status < 300:
                 monitor.on_body(body)
             else:
@@ -486,7 +486,7 @@ class Replayer:
                     model_text=parsed.model_text,
                 )
             except Exception as e:  # noqa: BLE001 -- fail open, as live
-                monitor.detector_error = f"{type(e).__name__}: {e}"
+                monitor.detector_error = error_text(e)
         return monitor, untenanted
 
     def _found(

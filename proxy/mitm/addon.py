@@ -30,7 +30,7 @@ from proxy import factory
 from proxy.engine import Engine, Finding
 from proxy.engine.baseline import Baseline, BaselineError
 from proxy.engine.records import Record
-from proxy.eventlog import error_text, make_logger, path_only, unquoted
+from proxy.eventlog import make_logger
 from proxy.mitm import addon_errors
 from proxy.mitm import error_pages as mitm_errors
 from proxy.mitm.detector_process import DetectorProcess, FlowMirror
@@ -43,6 +43,7 @@ from proxy.pipeline.exchange import (
     ExchangeMonitor,
 )
 from proxy.protocols import ParsedRequest, ProtocolError, Route, route_for
+from proxy.redaction import error_text, path_only, unquoted
 from proxy.store.journal import JournalError, JournalWriter
 from proxy.store.journal import load_window as journal_load_window
 from proxy.store.redis_index import SharedIndex, open_index
@@ -640,7 +641,7 @@ class CrossTalk:
         try:
             return response.get_content(strict=True)
         except ValueError as e:
-            monitor.detector_error = f"body not decodable: {error_text(e)}"
+            monitor.undecodable(response.headers.get("content-encoding"), e)
             return None
 
     def _replace_with_block(self, flow: http.HTTPFlow, monitor: ExchangeMonitor) -> None:
@@ -751,7 +752,7 @@ class CrossTalk:
             self.log.debug(
                 "passthrough.unrecognised",
                 method=flow.request.method,
-                path=flow.request.path.split("?")[0],
+                path=path_only(flow.request.path),
             )
 
 

@@ -33,12 +33,12 @@ from mitmproxy.proxy.layers.http import (
     HttpResponseHook,
 )
 
-from proxy.eventlog import error_text
 from proxy.mitm.addon import CrossTalk
 from proxy.mitm.detector_process import READ_SIZE, FrameDecoder, encode
 from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
 from proxy.mitm.wiring import default_addons
 from proxy.pipeline.exchange import GC_PAUSES
+from proxy.redaction import error_text
 
 _PEER = ("127.0.0.1", 0)  # a copy's client when the proxy sent no peer
 

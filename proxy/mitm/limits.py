@@ -18,9 +18,9 @@ from __future__ import annotations
 from mitmproxy import ctx, http
 
 from proxy.config import LimitsSection
-from proxy.eventlog import path_only
 from proxy.mitm.flowstate import crosstalk_addon
 from proxy.protocols import route_for
+from proxy.redaction import path_only
 
 COUNTED_KEY = "crosstalk.limits.in_flight"
 IDLE_DEFAULT = LimitsSection().idle_timeout_seconds  # also mitmproxy's tcp_timeout default

@@ -26,18 +26,18 @@ from typing import Any
 
 from proxy.engine import Finding, ResponseScan
 from proxy.engine.tokens import words_in  # noqa: F401 -- part of this module's API
-from proxy.eventlog import error_text
 from proxy.pipeline._monitor import MonitorFields, expose
 from proxy.pipeline.gate import StreamGate
 from proxy.protocols import ProtocolError, Route, StreamParserLike, as_route
 from proxy.protocols.decoding import Decoder, UnsupportedEncoding, stream_decoder
 from proxy.protocols.sse import SSEDecoder, SSEFramer
+from proxy.redaction import error_text
 
 
 class OverBudget(TimeoutError):
     """A scan call over the time budget (the message gives its wall and CPU time)."""
 
-    quotes_no_text = True  # for the log (``eventlog.error_text``)
+    quotes_no_text = True  # for the log (``redaction.error_text``)
 
 
 FindingsCallback = Callable[["ExchangeMonitor", list[Finding]], None]
@@ -435,6 +435,14 @@ class ExchangeMonitor(MonitorFields):
             self._finish()
         except Exception as e:  # noqa: BLE001
             self._fail(e)
+
+    def undecodable(self, content_encoding: str | None, error: Exception) -> None:
+        """The body could not be decoded: a detector failure that names the header's
+        encoding and the error's type (the codec's message may quote the body)."""
+        named = (content_encoding or "")[:40]
+        self.detector_error = (
+            f"body not decodable (content-encoding {named!r}): {error_text(error)}"
+        )
 
     def close(self) -> None:
         """The exchange ended without a normal end of body (error, disconnect): keep

@@ -23,7 +23,7 @@ Decoder = Callable[[bytes], bytes]
 class UnsupportedEncoding(ValueError):
     """A content-encoding no decoder here reads (named in the message)."""
 
-    quotes_no_text = True  # for the log (``eventlog.error_text``)
+    quotes_no_text = True  # for the log (``redaction.error_text``)
 
 
 def stream_decoder(content_encoding: str | None) -> Decoder:

@@ -52,7 +52,7 @@ class ProtocolError(ValueError):
     what is wrong with the shape, never what the body holds.
     """
 
-    quotes_no_text = True  # for the log (``eventlog.error_text``)
+    quotes_no_text = True  # for the log (``redaction.error_text``)
 
 
 class _Shape(Exception):

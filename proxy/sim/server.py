@@ -3,9 +3,8 @@
 It stands in for vLLM/SGLang in tests, benchmarks and demos: deterministic answers
 (answers), cross-tenant leaks injected at a configurable rate with a JSON-lines truth file
 (faults), streaming that goes out event by event like a real engine, and header-selected
-misbehaviour (truncated streams, error events, gzip bodies, bodies in no encoding their
-header names, 500s) for the proxy's
-bad-input tests.
+misbehaviour (truncated streams, error events, gzip bodies, answers in no encoding
+their header names, 500s) for the proxy's bad-input tests.
 
 It speaks the OpenAI API (``/v1/chat/completions``, ``/v1/completions``) and, through
 ``proxy.sim.formats``, Anthropic's ``/v1/messages``, OpenAI's ``/v1/responses``, SGLang's and
@@ -51,7 +50,7 @@ MISBEHAVIOURS = (
     "truncate",
     "error-event",
     "gzip",
-    "mislabelled",
+    "mislabelled",  # a non-streamed answer only (gzip wins when both are asked)
     "status500",
     "slow",
     "stall",
@@ -546,14 +545,16 @@ async def _completion(
             obj = native.body(ex, resp_id, created, cfg.model)
         else:
             obj = full_body(ex, resp_id, created, cfg.model)
-        if "gzip" in ex.misbehave or "mislabelled" in ex.misbehave:
-            if "gzip" in ex.misbehave:
-                data, encoding = gzip.compress(_dumps(obj).encode()), "gzip"
-            else:
-                # Labelled UTF-16 but sent as UTF-8, padded to an odd length: no decoder
-                # reads it, and the codec's error quotes the whole body.
-                data = _dumps(obj).encode()
-                data, encoding = data + b" " * (1 - len(data) % 2), "utf-16"
+        data = _dumps(obj).encode()
+        if "gzip" in ex.misbehave:
+            data, encoding = gzip.compress(data), "gzip"
+        elif "mislabelled" in ex.misbehave:
+            # Labelled UTF-16 but sent as UTF-8, padded to an odd length: no decoder reads
+            # it, and the codec's error quotes the whole body.
+            data, encoding = data + b" " * (1 - len(data) % 2), "utf-16"
+        else:
+            encoding = None
+        if encoding is not None:
             headers = {
                 "Content-Encoding": encoding,
                 "Content-Type": "application/json",

@@ -124,9 +124,11 @@ def new_replica_id(name: str = "") -> str:
 def redacted(url: str) -> str:
     """``url`` without a password, for logs."""
     scheme, sep, rest = url.partition("://")
-    if "@" in rest:  # the last @ ends the user info: a password may hold one unescaped
-        rest = "***@" + rest.rpartition("@")[2]
-    return scheme + sep + rest
+    cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
+    authority, tail = rest[:cut], rest[cut:]
+    if "@" in authority:  # the last @ ends the user info: a password may hold one unescaped
+        authority = "***@" + authority.rpartition("@")[2]
+    return scheme + sep + authority + tail
 
 
 def window_start_id(window_seconds: float, now: float | None = None) -> str:

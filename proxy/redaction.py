@@ -1,0 +1,67 @@
+"""What of a failure may be said in the log, a report or evidence: crosstalk handles
+other people's text, and messages of parsers, codecs and peers quote the text they were
+given. An exception is its type and line (``error_text``), another's message loses its
+quoted parts (``unquoted``), a path its query string (``path_only``). Every layer may use
+it: it imports nothing of crosstalk's.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import TracebackType
+
+# A quoted value in another library's message (``'...'``, ``"..."``, ``b'...'``): a
+# quote that opens after a letter is an apostrophe (``can't``); one left open runs to the
+# end, a trailing backslash included, so every quote that opens matches (in linear time).
+_QUOTED = re.compile(
+    r"""(?<![\w'"])[bBrRuU]{0,2}(?:'(?:[^'\\]|\\.)*(?:'|\\?\Z)|"(?:[^"\\]|\\.)*(?:"|\\?\Z))""", re.S
+)
+_PACKAGE = Path(__file__).parent  # as Python names it in code objects: not resolved
+LIMIT = 200  # characters of a message from elsewhere that the log keeps
+
+
+def error_text(error: BaseException) -> str:
+    """``error`` for the log: its type and the file and line that raised it (and the last
+    line of crosstalk's own on the way, when another library raised), never its message:
+    a parser's, a codec's or the engine's message may quote the text it was given. An
+    exception whose class sets ``quotes_no_text`` (messages of fixed words, numbers and
+    header values) is its type and message, cut at ``LIMIT``. An exception that was never
+    raised has no line: its type alone."""
+    name = type(error).__name__
+    if getattr(error, "quotes_no_text", False):
+        return f"{name}: {error}"[:LIMIT]
+    raised = ours = None
+    tb = error.__traceback__
+    while tb is not None:
+        raised = tb
+        if Path(tb.tb_frame.f_code.co_filename).is_relative_to(_PACKAGE):
+            ours = tb
+        tb = tb.tb_next
+    if raised is None:
+        return name
+    where = f"{name} at {_place(raised)}"
+    return where if ours is None or ours is raised else f"{where} (from {_place(ours)})"
+
+
+def _place(tb: TracebackType) -> str:
+    """A traceback entry's file (within the package when it is ours) and line."""
+    path = Path(tb.tb_frame.f_code.co_filename)
+    shown = path.relative_to(_PACKAGE) if path.is_relative_to(_PACKAGE) else path.name
+    return f"{shown}:{tb.tb_lineno}"
+
+
+def unquoted(message: str, limit: int = LIMIT) -> str:
+    """``message`` (another library's, or a peer's) cut at ``limit`` characters, with
+    every quoted part, ``'...'``, ``"..."``, ``b'...'``, shown as ``'…'``: what is left
+    says what went wrong, not what was in the text. A quote left open drops the rest.
+    Quotes that are not Python's (curly ones, backticks) are left as they are, and an
+    apostrophe after a letter inside a quoted value ends it early (``'Ann's pay'``
+    shows ``'…'s pay'``): a message this must hold to no text at all needs
+    ``error_text``."""
+    return _QUOTED.sub("'…'", message[:limit])
+
+
+def path_only(path: str) -> str:
+    """A request's path without its query string (which can carry a key or a token)."""
+    return path.split("?", 1)[0]
