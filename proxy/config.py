@@ -334,8 +334,8 @@ def _section(cls: type, name: str, data: Any) -> Any:
 def _scheme_of(url: str) -> str:
     """What is wrong with a refused URL, for its error: its scheme, never the rest
     (which may hold a password)."""
-    m = re.match(r"[A-Za-z][A-Za-z0-9+.-]*(?=:)", url)
-    return f"its scheme is {m.group(0)!r}" if m else "it has no scheme"
+    m = re.match(r"[A-Za-z][A-Za-z0-9+.-]{0,15}(?=://)", url)
+    return f"its scheme is {m.group(0)!r}" if m else "it is not a scheme:// URL"
 
 
 def validate(config: Config) -> Config:

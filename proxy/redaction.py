@@ -1,8 +1,8 @@
 """What of a failure may be said in the log, a report or evidence: crosstalk handles
 other people's text, and messages of parsers, codecs and peers quote the text they were
 given. An exception is its type and line (``error_text``), another's message loses its
-quoted parts (``unquoted``), a path its query string (``path_only``). Every layer may use
-it: it imports nothing of crosstalk's.
+quoted parts (``unquoted``), a path its query string (``path_only``). It imports
+nothing of crosstalk's: every layer that logs failures may use it.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 from types import TracebackType
 
 # A quoted value in another library's message (``'...'``, ``"..."``, ``b'...'``): a
-# quote that opens after a letter is an apostrophe (``can't``); one left open runs to the
+# quote that opens after a letter or digit is an apostrophe (``can't``); one left open runs to the
 # end, a trailing backslash included, so every quote that opens matches (in linear time).
 _QUOTED = re.compile(
-    r"""(?<![\w'"])[bBrRuU]{0,2}(?:'(?:[^'\\]|\\.)*(?:'|\\?\Z)|"(?:[^"\\]|\\.)*(?:"|\\?\Z))""", re.S
+    r"""(?<!\w)[bBrRuU]{0,2}(?:'(?:[^'\\]|\\.)*(?:'|\\?\Z)|"(?:[^"\\]|\\.)*(?:"|\\?\Z))""", re.S
 )
 _PACKAGE = Path(__file__).parent  # as Python names it in code objects: not resolved
 LIMIT = 200  # characters of a message from elsewhere that the log keeps
@@ -35,7 +35,7 @@ def error_text(error: BaseException) -> str:
     tb = error.__traceback__
     while tb is not None:
         raised = tb
-        if Path(tb.tb_frame.f_code.co_filename).is_relative_to(_PACKAGE):
+        if _in_package(tb) is not None:
             ours = tb
         tb = tb.tb_next
     if raised is None:
@@ -44,10 +44,20 @@ def error_text(error: BaseException) -> str:
     return where if ours is None or ours is raised else f"{where} (from {_place(ours)})"
 
 
+def _in_package(tb: TracebackType) -> Path | None:
+    """A traceback entry's file within the package, or None when it is not ours. The
+    compiled modules name their sources relative to the checkout (``proxy/...pyx``)."""
+    path = Path(tb.tb_frame.f_code.co_filename)
+    if path.is_relative_to(_PACKAGE):
+        return path.relative_to(_PACKAGE)
+    if not path.is_absolute() and path.parts[:1] == ("proxy",):
+        return path.relative_to("proxy")
+    return None
+
+
 def _place(tb: TracebackType) -> str:
     """A traceback entry's file (within the package when it is ours) and line."""
-    path = Path(tb.tb_frame.f_code.co_filename)
-    shown = path.relative_to(_PACKAGE) if path.is_relative_to(_PACKAGE) else path.name
+    shown = _in_package(tb) or Path(tb.tb_frame.f_code.co_filename).name
     return f"{shown}:{tb.tb_lineno}"
 
 
@@ -59,7 +69,7 @@ def unquoted(message: str, limit: int = LIMIT) -> str:
     apostrophe after a letter inside a quoted value ends it early (``'Ann's pay'``
     shows ``'…'s pay'``): a message this must hold to no text at all needs
     ``error_text``."""
-    return _QUOTED.sub("'…'", message[:limit])
+    return _QUOTED.sub("'…'", message[:limit])[:limit]
 
 
 def path_only(path: str) -> str:

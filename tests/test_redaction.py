@@ -13,6 +13,7 @@ import pytest
 
 from proxy.assurance.audit import Fetched, identify_from
 from proxy.config import ConfigError, load_text
+from proxy.engine import _core
 from proxy.forensics.replayer import decoded_body
 from proxy.pipeline.exchange import OverBudget
 from proxy.protocols.decoding import UnsupportedEncoding
@@ -41,6 +42,7 @@ def raised(error: Exception) -> Exception:
         ("rb'\\x00 secret' at 3", "'…' at 3"),
         ("found 'a prompt that ends in a backslash\\", "found '…'"),
         ("found \"a prompt that ends in a backslash\\", "found '…'"),
+        ("x 'abc''Okonkwo' y", "x '…''…' y"),
     ],
 )  # fmt: skip
 def test_unquoted_drops_every_quoted_part_and_keeps_the_words_around_it(message, shown):
@@ -52,6 +54,7 @@ def test_unquoted_cuts_at_its_limit_before_it_looks_for_quotes():
     hostile = " '" + "\\'" * 100_000 + "\\"  # escaped quotes that never close
     assert unquoted(hostile) == " '…'"
     assert unquoted("x" * 195 + " 'Okonkwo'") == "x" * 195 + " '…'"
+    assert len(unquoted(" ''" * 100)) == 200  # '' shown as '…' grows: cut again
 
 
 def test_error_text_is_the_type_and_line_never_the_message():
@@ -69,6 +72,13 @@ def test_error_text_names_crosstalks_own_line_when_a_library_raised():
     assert shown.startswith("ValueError at encoding.py:"), shown
     assert shown.endswith(")") and "(from forensics/replayer.py:" in shown, shown
     assert "Okonkwo" in str(refused.value) and "Okonkwo" not in shown
+
+
+def test_error_text_counts_the_compiled_modules_as_crosstalks_own():
+    with pytest.raises(TypeError) as refused:
+        _core.kgrams("Okonkwo", 4)  # a str where a sequence of hashes belongs
+    assert error_text(refused.value).startswith("TypeError at engine/_core.pyx:")
+    assert "(from" not in error_text(refused.value)
 
 
 def test_error_text_keeps_the_message_of_classes_that_quote_no_text():
@@ -94,8 +104,12 @@ def test_path_only_drops_the_query():
         ("redis://user:pw@host:6379/0", "redis://***@host:6379/0"),
         ("redis://user:p@ss@host:6379/0", "redis://***@host:6379/0"),  # an unescaped @
         ("redis://host:6379/0", "redis://host:6379/0"),
-        ("redis://host:6379/0?client_name=ops@team", "redis://host:6379/0?client_name=ops@team"),
         ("rediss://:pw@host", "rediss://***@host"),
+        ("redis://user:p/ss@host:6379/0", "redis://***@host:6379/0"),  # / ? # unescaped
+        ("redis://:pa#ss@host", "redis://***@host"),
+        ("redis://user:p@s/s@host/0", "redis://***@host/0"),
+        ("redis://host:6379/0?password=hunter2", "redis://host:6379/0"),  # redis-py reads it
+        ("redis://host:6379/0?client_name=ops@team", "redis://***@team"),  # more than needed
     ],
 )
 def test_redacted_urls_keep_no_part_of_a_password(url, shown):
@@ -107,6 +121,7 @@ def test_redacted_urls_keep_no_part_of_a_password(url, shown):
     [
         '[proxy]\nupstream = "ftp://user:hunter2@engine"\n',
         '[proxy]\nupstream = "hunter2"\n',
+        '[proxy]\nupstream = "hunter2:more"\n',
         '[detection]\nkey = "' + "ab" * 32 + '"\n[index]\nurl = "http://user:hunter2@redis"\n',
     ],
 )
@@ -124,6 +139,8 @@ def test_an_engines_credentials_stay_out_of_the_audit_evidence():
         "hfToken": "hf_31337",
         "x-api-key": "sk-31337",
         "authorization": "Bearer 31337",
+        "api_keys": ["sk-31337"],
+        "ssl_key_passphrase": "31337",
         "disable_radix_cache": False,
         "max_prefill_tokens": 16384,
         "tp_size": 1,

@@ -331,9 +331,12 @@ def _llamacpp_version(build_info: str) -> tuple[str | None, str]:
 
 # A field an engine's info endpoint may fill with a credential (SGLang's server args
 # carry ``api_key`` and ``admin_api_key``), in any case style: ``hfToken``, ``x-api-key``.
-# ``max_prefill_tokens`` and the like are not; a ``monkey`` would go too, harmlessly.
+# ``max_prefill_tokens`` and the like are not; ``eos_token`` or a ``monkey`` go too,
+# harmlessly (evidence loses a little, never a secret).
 _CREDENTIAL_FIELD = re.compile(
-    r"(?:key|token|secret|password|passwd|authorization|credentials?)$", re.I
+    r"(?:keys?|token|secrets?|passwords?|passwd|passphrase|auth|authorization"
+    r"|credentials?|cookies?)$",
+    re.I,
 )
 
 

@@ -122,13 +122,14 @@ def new_replica_id(name: str = "") -> str:
 
 
 def redacted(url: str) -> str:
-    """``url`` without a password, for logs."""
+    """``url`` for logs: without its user info and its query (redis-py reads a password
+    from either). A password may hold ``@``, ``/``, ``?`` or ``#`` unescaped, so all
+    before the last ``@`` goes, even when that ``@`` was in the query: more than needed
+    (the host, then), never less."""
     scheme, sep, rest = url.partition("://")
-    cut = min((i for i in map(rest.find, "/?#") if i >= 0), default=len(rest))
-    authority, tail = rest[:cut], rest[cut:]
-    if "@" in authority:  # the last @ ends the user info: a password may hold one unescaped
-        authority = "***@" + authority.rpartition("@")[2]
-    return scheme + sep + authority + tail
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return scheme + sep + rest.split("?", 1)[0].split("#", 1)[0]
 
 
 def window_start_id(window_seconds: float, now: float | None = None) -> str:
