@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from proxy.engine import EngineConfig
+from proxy.redaction import scheme_of
 from proxy.store.journal import JournalSettings
 from proxy.tenants import (
     DEFAULT_SOURCES,
@@ -331,20 +331,13 @@ def _section(cls: type, name: str, data: Any) -> Any:
     return cls(**values)
 
 
-def _scheme_of(url: str) -> str:
-    """What is wrong with a refused URL, for its error: its scheme, never the rest
-    (which may hold a password)."""
-    m = re.match(r"[A-Za-z][A-Za-z0-9+.-]{0,15}(?=://)", url)
-    return f"its scheme is {m.group(0)!r}" if m else "it is not a scheme:// URL"
-
-
 def validate(config: Config) -> Config:
     p, t, d, j = config.proxy, config.tenants, config.detection, config.journal
     if p.mode not in MODES:
         raise ConfigError(f"proxy.mode must be one of {MODES}, not {p.mode!r}")
     if p.upstream and not p.upstream.startswith(("http://", "https://")):
         raise ConfigError(
-            f"proxy.upstream must be an http:// or https:// URL; {_scheme_of(p.upstream)}"
+            f"proxy.upstream must be an http:// or https:// URL; {scheme_of(p.upstream)}"
         )
     if not 0 <= p.listen_port <= 65535:
         raise ConfigError("proxy.listen_port must be 0..65535")
@@ -463,7 +456,7 @@ def _validate_index(index: IndexSection, key: str) -> None:
             "under a key generated at start mean nothing to the other replicas"
         )
     if index.url and not index.url.startswith(("redis://", "rediss://")):
-        raise ConfigError(f"index.url must be a redis:// or rediss:// URL; {_scheme_of(index.url)}")
+        raise ConfigError(f"index.url must be a redis:// or rediss:// URL; {scheme_of(index.url)}")
     if not index.stream:
         raise ConfigError("index.stream must not be empty")
     if index.outbox_records < 1:

@@ -1,8 +1,9 @@
 """What of a failure may be said in the log, a report or evidence: crosstalk handles
 other people's text, and messages of parsers, codecs and peers quote the text they were
 given. An exception is its type and line (``error_text``), another's message loses its
-quoted parts (``unquoted``), a path its query string (``path_only``). It imports
-nothing of crosstalk's: every layer that logs failures may use it.
+quoted parts (``unquoted``), a path its query string (``path_only``), a URL its user
+info and query (``redacted``, ``scheme_of``). It imports nothing of crosstalk's: every
+layer that logs failures may use it.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from pathlib import Path
 from types import TracebackType
 
 # A quoted value in another library's message (``'...'``, ``"..."``, ``b'...'``): a
-# quote that opens after a letter or digit is an apostrophe (``can't``); one left open runs to the
-# end, a trailing backslash included, so every quote that opens matches (in linear time).
+# quote that opens after a letter or digit is an apostrophe (``can't``); one left open
+# runs to the end, a trailing backslash included, so every quote that opens matches (in
+# linear time).
 _QUOTED = re.compile(
     r"""(?<!\w)[bBrRuU]{0,2}(?:'(?:[^'\\]|\\.)*(?:'|\\?\Z)|"(?:[^"\\]|\\.)*(?:"|\\?\Z))""", re.S
 )
@@ -75,3 +77,21 @@ def unquoted(message: str, limit: int = LIMIT) -> str:
 def path_only(path: str) -> str:
     """A request's path without its query string (which can carry a key or a token)."""
     return path.split("?", 1)[0]
+
+
+def redacted(url: str) -> str:
+    """``url`` without its user info and its query (redis-py reads a password from
+    either). A password may hold ``@``, ``/``, ``?`` or ``#`` unescaped, so all before
+    the last ``@`` goes, even when that ``@`` was in the query: more than needed (the
+    host, then), never less."""
+    scheme, sep, rest = url.partition("://")
+    if "@" in rest:
+        rest = "***@" + rest.rpartition("@")[2]
+    return scheme + sep + path_only(rest).split("#", 1)[0]
+
+
+def scheme_of(url: str) -> str:
+    """What may be said of a refused URL: its scheme, never the rest (which may hold a
+    password)."""
+    m = re.match(r"[A-Za-z][A-Za-z0-9+.-]{0,15}(?=://)", url)
+    return f"its scheme is {m.group(0)!r}" if m else "it is not a scheme:// URL"

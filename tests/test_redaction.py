@@ -18,8 +18,7 @@ from proxy.forensics.replayer import decoded_body
 from proxy.pipeline.exchange import OverBudget
 from proxy.protocols.decoding import UnsupportedEncoding
 from proxy.protocols.openai import ProtocolError, parse_request
-from proxy.redaction import error_text, path_only, unquoted
-from proxy.store.redis_index import redacted
+from proxy.redaction import error_text, path_only, redacted, unquoted
 
 
 def raised(error: Exception) -> Exception:

@@ -545,15 +545,15 @@ async def _completion(
             obj = native.body(ex, resp_id, created, cfg.model)
         else:
             obj = full_body(ex, resp_id, created, cfg.model)
-        encoding = next((e for e in ("gzip", "mislabelled") if e in ex.misbehave), None)
+        # "mislabelled": labelled UTF-16 but sent as UTF-8, padded to an odd length; no
+        # decoder reads it, and the codec's error quotes the whole body.
+        misbehave = ex.misbehave
+        encoding = (
+            "gzip" if "gzip" in misbehave else "utf-16" if "mislabelled" in misbehave else None
+        )
         if encoding is not None:
             data = _dumps(obj).encode()
-            if encoding == "gzip":
-                data = gzip.compress(data)
-            else:
-                # Labelled UTF-16 but sent as UTF-8, padded to an odd length: no decoder
-                # reads it, and the codec's error quotes the whole body.
-                data, encoding = data + b" " * (1 - len(data) % 2), "utf-16"
+            data = gzip.compress(data) if encoding == "gzip" else data + b" " * (len(data) % 2 == 0)
             headers = {
                 "Content-Encoding": encoding,
                 "Content-Type": "application/json",

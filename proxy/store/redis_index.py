@@ -56,6 +56,7 @@ from redis.retry import Retry
 from proxy.engine import Engine
 from proxy.engine.detector import ResponseScan
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
+from proxy.redaction import redacted
 from proxy.store.journal import decode, encode
 
 # Stream entry fields: short names, since Redis stores them in every entry.
@@ -119,17 +120,6 @@ def new_replica_id(name: str = "") -> str:
     """An id for this process: the name (default: host name), the pid and a random part.
     A restarted replica gets a new id, so it ingests its former self's records too."""
     return f"{name or socket.gethostname()}/{os.getpid()}/{secrets.token_hex(3)}"
-
-
-def redacted(url: str) -> str:
-    """``url`` for logs: without its user info and its query (redis-py reads a password
-    from either). A password may hold ``@``, ``/``, ``?`` or ``#`` unescaped, so all
-    before the last ``@`` goes, even when that ``@`` was in the query: more than needed
-    (the host, then), never less."""
-    scheme, sep, rest = url.partition("://")
-    if "@" in rest:
-        rest = "***@" + rest.rpartition("@")[2]
-    return scheme + sep + rest.split("?", 1)[0].split("#", 1)[0]
 
 
 def window_start_id(window_seconds: float, now: float | None = None) -> str:
