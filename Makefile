@@ -22,6 +22,7 @@ test: $(STAMP)
 	@./scripts/ensure-redis.sh
 	@./scripts/ensure-chromium.sh
 	@./scripts/ensure-llama-server.sh >/dev/null
+	@./scripts/ensure-gemma.sh >/dev/null
 	$(VENV)/bin/ruff check proxy addons tests bench
 	$(VENV)/bin/ruff format --check proxy addons tests bench
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

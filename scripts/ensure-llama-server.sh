@@ -6,6 +6,9 @@
 # on PyPI, which carries llama.cpp under vendor/llama.cpp; its sha256 is pinned below.
 # CPU only, no curl/OpenSSL, no web UI (the UI build would download files). About 4 minutes
 # on 2 cores the first time; afterwards it only prints the path.
+# The source gets the test-only KV-cache fault of scripts/llama_fault.py (inert unless
+# CROSSTALK_FAULT_RATE is set); the cache path carries that script's hash, so a change to
+# the fault builds anew.
 # Progress goes to stderr; the last (and only) stdout line is the binary's path:
 #     bin=$(scripts/ensure-llama-server.sh | tail -1)
 set -euo pipefail
@@ -15,7 +18,9 @@ LLAMA_CPP_COMMIT="0c1e570"
 SDIST="llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}.tar.gz"
 SDIST_SHA256="832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 
-cache="${CROSSTALK_CACHE:-$HOME/.cache/crosstalk}/llama.cpp/${LLAMA_CPP_PYTHON_VERSION}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+fault_id="$(sha256sum "$here/llama_fault.py" | cut -c1-12)"
+cache="${CROSSTALK_CACHE:-$HOME/.cache/crosstalk}/llama.cpp/${LLAMA_CPP_PYTHON_VERSION}-fault-${fault_id}"
 bin="$cache/bin/llama-server"
 if [ -x "$bin" ]; then
     echo "$bin"
@@ -29,7 +34,6 @@ for tool in cmake c++ tar sha256sum; do
     command -v "$tool" >/dev/null 2>&1 \
         || die "'$tool' is missing (apt-get install cmake g++ tar coreutils)"
 done
-here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 python=""
 for cand in "$here/../.venv/bin/python" python3; do
     if "$cand" -m pip --version >/dev/null 2>&1; then python="$cand"; break; fi
@@ -58,6 +62,7 @@ tar -xzf "$work/$SDIST" -C "$work" || fail "could not unpack $SDIST"
 src="$work/llama_cpp_python-${LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp"
 [ -f "$src/CMakeLists.txt" ] || fail "no vendor/llama.cpp in $SDIST"
 rm -f "$work/$SDIST"
+"$python" "$here/llama_fault.py" "$src" >>"$log" 2>&1 || fail "could not add the test fault"
 
 say "building (about 4 min)…"
 cmake -S "$src" -B "$work/build" "${generator[@]}" \
