@@ -96,6 +96,7 @@ class DetectionSection:
     sketch_width_bits: int = _ENGINE.sketch_width_bits
     sketch_half_life: float = _ENGINE.sketch_half_life
     entities: bool = _ENGINE.entities
+    case_identifiers: bool = _ENGINE.case_identifiers
 
 
 POLICY_KEYS = {

@@ -67,6 +67,12 @@ def make_engine(baseline: Iterable[str] = (), **config) -> Engine:
     return Engine(EngineConfig(key=KEY, **config), baseline=list(baseline))
 
 
+def fragment_engine(**config) -> Engine:
+    """An engine without case identifiers: LEAK_A holds a full name ("Maria Jensen"),
+    which is an entity finding of its own; these tests are about the fragment path."""
+    return make_engine(case_identifiers=False, **config)
+
+
 def stream(scan, text: str, *, now: float, pieces: Sequence[str] | None = None, choice: int = 0):
     """Feed ``text`` (as ``pieces`` if given) and finish; returns every finding."""
     if pieces is not None:
@@ -184,7 +190,7 @@ def test_sorted_unique_into_refuses_a_short_array_and_ints_out_of_range():
 
 
 def test_fragment_of_a_prompt_in_b_output_is_reported():
-    engine = make_engine()
+    engine = fragment_engine()
     leak_from_a(engine)
     found = exchange(engine, "B", "b-1", PROMPT_B, OUTPUT_B, T0 + 1)
     assert len(found) == 1
@@ -206,7 +212,7 @@ def test_unrelated_output_has_no_finding():
 
 
 def test_finding_is_returned_by_the_delta_that_completes_it_and_kept_on_the_scan():
-    engine = make_engine()
+    engine = fragment_engine()
     leak_from_a(engine)
     scan = engine.observe_prompt("B", "b-1", PROMPT_B, now=T0 + 1)
     assert scan.feed("Here is a simple recipe. ", now=T0 + 1) == []
@@ -220,7 +226,7 @@ def test_finding_is_returned_by_the_delta_that_completes_it_and_kept_on_the_scan
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sizes=st.lists(st.integers(1, 3), min_size=1, max_size=40))
 def test_fragment_split_into_tiny_deltas_gives_the_same_finding(sizes):
-    engine = make_engine()
+    engine = fragment_engine()
     leak_from_a(engine)
     pieces = split_by(OUTPUT_B, sizes)
     found = exchange(engine, "B", "b-1", PROMPT_B, OUTPUT_B, T0 + 1, pieces=pieces)
@@ -233,7 +239,7 @@ def test_fragment_split_into_tiny_deltas_gives_the_same_finding(sizes):
 
 
 def test_fragment_in_second_choice_has_choice_relative_offsets():
-    engine = make_engine()
+    engine = fragment_engine()
     leak_from_a(engine)
     scan = engine.observe_prompt("B", "b-1", PROMPT_B, now=T0 + 1)
     found = scan.feed(UNRELATED_OUTPUT, choice=0, now=T0 + 1)
@@ -297,7 +303,7 @@ def test_leak_of_another_tenants_output_is_reported(a_finished):
 
 @pytest.mark.parametrize("n_words", [5, 6, 7, 8, 9])
 def test_min_run_words_threshold(n_words):
-    engine = make_engine()
+    engine = fragment_engine()
     leak_from_a(engine)
     leak = " ".join(LEAK_A.split()[:n_words])
     output = "Zebras graze quietly. " + leak + ". Penguins waddle home."
@@ -495,7 +501,7 @@ def test_canary_outlives_the_window():
 def test_victim_restating_its_own_prompt(excused):
     """A shares text with B; B's answer restates B's own prompt: not a leak. Control: B
     did not send that text, so the same answer is a leak of A's text."""
-    engine = make_engine()
+    engine = fragment_engine()
     leak_from_a(engine)
     prompt_b = "Rewrite this more politely: " + LEAK_A if excused else PROMPT_B
     found = exchange(engine, "B", "b-1", prompt_b, OUTPUT_B, T0 + 1)
@@ -504,7 +510,7 @@ def test_victim_restating_its_own_prompt(excused):
 
 @pytest.mark.parametrize("tenant", ["A", "B"])
 def test_same_tenant_earlier_request_is_not_a_leak(tenant):
-    engine = make_engine()
+    engine = fragment_engine()
     leak_from_a(engine)
     found = exchange(engine, tenant, "x-2", PROMPT_B, OUTPUT_B, T0 + 30)
     assert kinds(found) == ([] if tenant == "A" else [FRAGMENT])
@@ -695,7 +701,7 @@ def test_run_of_plain_words_from_an_output_is_boilerplate():
 def test_private_text_around_a_short_baseline_phrase_is_one_run(phrase):
     """Every unit of the leak is covered by a private foreign k-gram: the leak is one
     contiguous run of 10-11 words, whatever the length of the baseline phrase inside."""
-    engine = make_engine(baseline=[phrase])
+    engine = fragment_engine(baseline=[phrase])
     prompt_a = (
         f"Draft for Halvorsen Shipping about the Tarnby depot: Kestrel Vantablue, {phrase}, "
         "Quorvex Lindqvist Brattoe, sign off by Osmund."
@@ -735,7 +741,7 @@ def test_source_leaves_the_window_at_its_horizon(delay, reported, held):
     """A prompt's text is a source for exactly the window, whether or not the sweep has
     dropped the request yet when the window closes (``held``: a sweep half a second
     earlier left it in place)."""
-    engine = make_engine(window_seconds=60)
+    engine = fragment_engine(window_seconds=60)
     leak_from_a(engine)  # T0
     if held:
         exchange(engine, "C", "c-1", "Tell me about tulips.", "Tulips are nice.", T0 + delay - 0.5)
@@ -912,7 +918,7 @@ def test_fingerprints_depend_on_the_key():
 
 def test_engines_with_different_keys_do_not_share_sources():
     """Sanity: a finding needs the same key on both sides (fingerprints are keyed)."""
-    engine = make_engine()
+    engine = fragment_engine()
     other = Engine(EngineConfig(key=b"z" * 32))
     leak_from_a(engine)
     leak_from_a(other)

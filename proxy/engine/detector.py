@@ -36,11 +36,14 @@ from proxy.engine import _core
 from proxy.engine._core import EntityOwner, RequestRecord
 from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
+    CASE_KINDS,
     EntityIndex,
     EntityScanner,
     extract_entities,
     fold,
+    iter_case_keys,
     iter_entity_keys,
+    iter_model_names,
     public_number_texts,
 )
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnowed
@@ -74,6 +77,8 @@ def run_steps[T](steps: Generator[None, None, T]) -> T:
 
 
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
+#: ``extracted`` kind of a capitalised pair a model wrote: marks the name, owns nothing.
+MODEL_NAME = "model_name"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +115,9 @@ class EngineConfig:
     sketch_width_bits: int = 21
     sketch_half_life: float = 3600.0
     entities: bool = True
+    # Case identifiers of prompts (``entities.iter_case_keys``: references, amounts,
+    # names): what a model answering on another request's context copies into its prose.
+    case_identifiers: bool = True
     prompt_signature_size: int = 256
 
 
@@ -167,6 +175,9 @@ class Engine(_core.EngineClock):
             self.hasher.units([n for n in numbers if not is_specific_number(n)])
         )
         self._baseline_entities: set[str] = set()
+        #: Ids of the capitalised pairs models wrote in the window, with when: a name a
+        #: model writes is no prompt's case identifier (``entities.iter_model_names``).
+        self.model_names: dict[str, float] = {}
         self._delta_scanner: _core.DeltaScanner | None = None
         self._requests: dict[int, RequestRecord] = {}  # untracked by the GC
         self._order: deque[int] = deque()  # slots by time, for expiry
@@ -321,7 +332,13 @@ class Engine(_core.EngineClock):
         texts: dict[str, str] = {}
         entities: list[tuple[str, str]] = []
         if self.config.entities:
-            for kind, key in iter_entity_keys(text):
+            # A case identifier that an earlier assistant turn holds is the model's.
+            model_keys = {key for _, key in iter_case_keys(model_text, [])} if model_text else set()
+            for kind, key in iter_entity_keys(text, self._common_word):
+                if kind in CASE_KINDS and (not self.config.case_identifiers or key in model_keys):
+                    continue
+                if kind == "name" and self._model_written(key):
+                    continue
                 entity_id = self.entity_id(key)
                 texts[entity_id] = key
                 entities.append((kind, entity_id))
@@ -340,6 +357,20 @@ class Engine(_core.EngineClock):
         scan = yield from self._observe(record, hashes, model_hashes, texts)
         self._open_scan(scan.slot, seq)
         return scan
+
+    def _common_word(self, word: str) -> bool:
+        """Whether a capitalised word of a prompt is plain (``entities.iter_case_keys``):
+        "United States" and "Customer Service" are written for everyone; a name with one
+        rare word ("Suzanne Woodward") is somebody's."""
+        return all(self.vocabulary.is_plain(h) for h in self.hasher.units(unit_texts(word)))
+
+    def _model_written(self, name: str) -> bool:
+        """Whether models wrote every word of ``name`` in capitalised names of the window
+        (``model_names``): a prompt that quotes an earlier answer (a conversation sent
+        as one completions string) names the people the model made up, and a model
+        writing such names for another tenant leaks nobody's."""
+        names = self.model_names
+        return all(self.entity_id(w) in names for w in name.replace("-", " ").split())
 
     def ingest_prompt(self, record: PromptRecord) -> ResponseScan:
         """``observe_prompt`` from a record: the same state as if the text had been seen
@@ -474,6 +505,9 @@ class Engine(_core.EngineClock):
                     break
         self.index.evict(horizon)
         self.entities.expire(horizon)
+        names = self.model_names
+        while names and (oldest := next(iter(names))) and names[oldest] < horizon:
+            del names[oldest]
 
     def similar_prompts(self, a: int, b: int) -> bool:
         """Whether requests ``a`` and ``b`` asked (nearly) the same thing (the same
@@ -664,6 +698,9 @@ class ResponseScan(_core.ScanFields):
                     entity_id = engine.entity_id(key)
                     state.extracted.append((e.kind, entity_id, e.start, e.end))
                     state.texts[entity_id] = key
+                if engine.config.case_identifiers:
+                    for key, start, end in iter_model_names(raw):
+                        state.extracted.append((MODEL_NAME, engine.entity_id(key), start, end))
             state.batches.append(len(state.hashes))
             state.seqs.append(seq)
             found += self._finish_choice(state, choice)
@@ -682,9 +719,17 @@ class ResponseScan(_core.ScanFields):
         entity another request owns is a finding; the others become this output's)."""
         engine = self.engine
         engine.vocabulary.learn(self.tenant, state.hashes)
-        found = self._entity_findings(choice, [(s, e, i) for _, i, s, e in state.extracted])
+        found = self._entity_findings(
+            choice, [(s, e, i) for kind, i, s, e in state.extracted if kind != MODEL_NAME]
+        )
         output_value = self.output_value
         for kind, entity_id, _, _ in state.extracted:
+            if kind == MODEL_NAME:
+                # Kept in time order (a renewed name moves to the end): the sweep drops
+                # the expired ones from the front.
+                engine.model_names.pop(entity_id, None)
+                engine.model_names[entity_id] = self._now
+                continue
             if entity_id in self._foreign_entities and entity_id not in self._echoed_entities:
                 owner = engine.entities.table.get(entity_id)
                 if owner is not None and owner.model_born():
@@ -1086,6 +1131,8 @@ class ResponseScan(_core.ScanFields):
             is_canary = owner.kind == CANARY
             if not is_canary and owner.users() >= self.engine.config.common_tenants:
                 continue
+            if owner.kind == "name" and entity_id in self.engine.model_names:
+                continue  # a name models write: nobody's, even when a prompt holds it
             sources = self._entity_sources(owner, is_canary)
             if not sources:
                 self._echoed_entities.add(entity_id)

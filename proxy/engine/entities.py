@@ -544,19 +544,124 @@ class EntityScanner(EntityFeed):
         return out
 
 
+# What a person writes about their own case, beyond the formats above: what a model
+# that answers on another request's cached context copies into its own prose (docs/
+# real-model.md: ticket and invoice numbers, full names, companies, street names,
+# amounts, scattered through fresh sentences). Taken from prompts only: the same shapes
+# in a model's answers are its own inventions, written for many tenants.
+_REFERENCE = re.compile(
+    # letters then five or more digits (TCK-629869, INV-23399, P5012275, D73944A),
+    # '#' then five or more digits, digit groups joined by hyphens or spaces that hold
+    # nine or more digits (an order 879-8541208, a phone 0879 552 5835)
+    r"(?<![\w#-])(?:[A-Z]{1,5}-?\d{5,}[A-Z]?|#\d{5,}|\d{2,6}(?:[- ]\d{3,8}){1,3})(?![\w-])",
+    re.A,
+)
+_AMOUNT = re.compile(
+    r"(?:[$€£¥]\s?|\b(?:USD|EUR|GBP|CHF)\s?)(\d{1,3}(?:[,.]\d{3})*(?:[.,]\d{2})?)(?!\d)"
+    r"|(?<![\d.,])(\d{1,3}(?:[,.]\d{3})*(?:[.,]\d{2})?)\s?(?:€|EUR|USD|GBP|CHF)\b"
+)
+# Capitalised words in a row, or joined by a hyphen: names of people, companies,
+# streets and places (Suzanne Woodward, Freeman Group, Jacobs Fords, Pearson-Kramer).
+_CAPITALISED = re.compile(r"\b[A-Z][a-z]+(?:['’][a-z]+)?(?:(?:-| )[A-Z][a-z]+(?:['’][a-z]+)?)+\b")
+_COMPOUND = re.compile(r"[A-Z][a-z'’]+(?:-[A-Z][a-z'’]+)+")
+CASE_KINDS = frozenset({"reference", "amount", "name"})
+#: Significant digits an amount needs: a round or small one (500.00, 49.99) is written
+#: for many people; 3,425.49 is somebody's.
+AMOUNT_DIGITS = 4
+
+
+def _significant_digits(amount: str) -> int:
+    return len(_digits(amount).rstrip("0"))
+
+
+def iter_case_keys(
+    text: str,
+    claimed: list[tuple[int, int]],
+    common_word: Callable[[str], bool] | None = None,
+) -> Iterator[tuple[str, str]]:
+    """``(kind, key)`` of the case identifiers in ``text`` outside ``claimed`` spans:
+    ``reference`` (the folded token, and its digit run alone when that has six or more
+    digits: people write "ticket 629869" for "TCK-629869"), ``amount`` (its number
+    without the currency, when it has ``AMOUNT_DIGITS`` significant digits) and
+    ``name`` (each pair of adjacent capitalised words, or a hyphenated compound).
+    ``common_word`` (the engine's vocabulary) drops names made only of common words
+    ("United States", "Customer Service") and pairs that open a sentence with a common
+    word ("About Novak", "Dear Amy": the capital is the sentence's, not a name's)."""
+
+    def free(s: int, e: int) -> bool:
+        return not any(s < ce and cs < e for cs, ce in claimed)
+
+    for m in _REFERENCE.finditer(text):
+        token = m.group(0)
+        digits = _digits(token)
+        if not free(*m.span()) or (token[0].isdigit() and len(digits) < 9):
+            continue
+        if len(digits) >= 6 and not token[0].isdigit() and not _monotonous(digits):
+            yield "reference", digits
+        if not token.isdigit() and not _monotonous(digits):
+            yield "reference", fold(token.lstrip("#"))
+    for m in _AMOUNT.finditer(text):
+        number = m.group(1) or m.group(2)
+        if free(*m.span()) and _significant_digits(number) >= AMOUNT_DIGITS:
+            yield "amount", number
+    common = common_word or (lambda _: False)
+    for m in _CAPITALISED.finditer(text):
+        if not free(*m.span()):
+            continue
+        run = m.group(0)
+        for compound in _COMPOUND.findall(run):
+            if not all(map(common, compound.split("-"))):
+                yield "name", fold(compound)
+        parts = run.split(" ")
+        before = text[max(0, m.start() - 4) : m.start()]
+        opens = m.start() == 0 or _SENTENCE_START.search(before) is not None
+        for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False)):
+            if common(a) and (common(b) or (i == 0 and opens)):
+                continue
+            yield "name", fold(f"{a} {b}")
+
+
+# The text before a capitalised run that makes its first capital the sentence's.
+_SENTENCE_START = re.compile(r"(?:[.!?:;]\s+|\n\s*|[\"“(]\s*)$")
+
+
+def iter_model_names(text: str) -> Iterator[tuple[str, int, int]]:
+    """``(key, start, end)`` of the capitalised pairs a model wrote (``iter_case_keys``'
+    names, unfiltered), and of each of their words: names models write for many tenants,
+    which are nobody's, and the words such names are made of."""
+    for m in _CAPITALISED.finditer(text):
+        parts = m.group(0).split(" ")
+        at = m.start()
+        for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False)):
+            if i == 0:
+                yield fold(a), at, at + len(a)
+            yield fold(b), at + len(a) + 1, at + len(a) + 1 + len(b)
+            yield fold(f"{a} {b}"), at, at + len(a) + 1 + len(b)
+            at += len(a) + 1
+        for c in _COMPOUND.finditer(m.group(0)):
+            yield fold(c.group(0)), m.start() + c.start(), m.start() + c.end()
+
+
 #: Characters (spaces included) of an IBAN's head that are keyed on their own: a page
 #: cut mid-IBAN still carries country, check digits, bank and most of the account.
 IBAN_HEAD_CHARS = 19
 
 
-def iter_entity_keys(text: str) -> Iterator[tuple[str, str]]:
+def iter_entity_keys(
+    text: str, common_word: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, str]]:
     """``(kind, key)`` for every entity in ``text``; key is the lowercased text. A long
     IBAN also yields its head (``IBAN_HEAD_CHARS``, ending on a whole group): a leaked
     page that cuts the IBAN short is still that account's."""
-    for ent in extract_entities(text):
+    entities = extract_entities(text)
+    for ent in entities:
         key = fold(ent.text)
         yield ent.kind, key
         if ent.kind == "iban" and len(key) > IBAN_HEAD_CHARS:
             head = key[:IBAN_HEAD_CHARS].rstrip()
             if " " not in key or key[len(head)] == " ":
                 yield ent.kind, head
+    claimed = [(e.start, e.end) for e in entities]
+    for kind, key in iter_case_keys(text, claimed, common_word):
+        if len(key) >= MIN_ENTITY_CHARS:
+            yield kind, key

@@ -1,0 +1,136 @@
+"""Case identifiers: what a model answering on another request's cached context copies
+into its own prose (a ticket or invoice number, a full name, a company, a street, an
+amount), found one by one, with the right source; and what stays quiet (common word
+pairs, round amounts, the victim's own values, names a model made up)."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.defaults import load_baseline, load_vocabulary
+from proxy.engine import ENTITY, Engine, EngineConfig
+from proxy.engine.entities import iter_case_keys
+
+KEY = b"c" * 32
+T0 = 1_000_000.0
+
+SOURCE = (
+    "Halloran & Webb customer support\n"
+    "Ticket QRS-408172 from Ingrid Vasquez-Tolland <ingrid.vt@fastmail.com>\n\n"
+    "Our accountants at Brightwater Accounting need invoice INV-55210 for €7,318.40 "
+    "before the close. I still live at 88 Saltmarsh Row in Penhallow. My case number "
+    "with the police is K40517M.\n\nReply:"
+)
+VICTIM_PROMPT = "Q: What is a database index and when should I add one?\nA:"
+
+
+PLAIN = load_vocabulary()
+BASELINE = load_baseline()
+
+
+def engine(**config) -> Engine:
+    """An engine as the proxy builds it: the shipped vocabularies and baseline."""
+    return Engine(EngineConfig(key=KEY, **config), baseline=BASELINE, plain_words=PLAIN)
+
+
+def answer(e: Engine, tenant: str, rid: str, prompt: str, output: str, now: float):
+    scan = e.observe_prompt(tenant, rid, prompt, now=now)
+    found = []
+    for i in range(0, len(output), 7):  # a stream: deltas cut anywhere
+        found += scan.feed(output[i : i + 7], now=now)
+    return found + scan.finish(now=now)
+
+
+def with_source(**config) -> Engine:
+    e = engine(**config)
+    answer(e, "acme", "src-1", SOURCE, "We will look into it.", T0)
+    return e
+
+
+@pytest.mark.parametrize(
+    "leaked",
+    [
+        "the ticket QRS-408172",
+        "ticket number 408172",
+        "Ingrid Vasquez-Tolland",
+        "Halloran & Webb",  # not a pair of capitalised words: no key
+        "Brightwater Accounting",
+        "88 Saltmarsh Row",
+        "an amount of 7,318.40",
+        "invoice INV-55210",
+        "case K40517M",
+    ],
+)
+def test_one_identifier_in_fresh_prose_is_a_finding_with_its_source(leaked):
+    output = (
+        "An index is a data structure that speeds up lookups. As for "
+        f"{leaked}, we have forwarded it to the team and will reply within two days."
+    )
+    found = answer(with_source(), "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
+    if leaked == "Halloran & Webb":
+        assert found == []  # "Halloran", "Webb" alone are not pairs: documented limit
+        return
+    assert [(f.kind, f.source_tenant, f.source_request_id) for f in found] == [
+        (ENTITY, "acme", "src-1")
+    ]
+    # The span is the identifier's, in the victim's output.
+    start, end = found[0].start, found[0].end
+    assert output[start:end].lower() in leaked.lower()
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "Ingrid wrote to us last week.",  # a first name alone
+        "Penhallow is a lovely town in the summer.",  # one capitalised word
+        "The total was €7,300.00 this year.",  # round amount, not the source's
+        "Please pay 318.40 by Friday.",  # a part of the amount, not the amount
+        "Use ticket 4081720 for reference.",  # a longer number holding the digits
+        "Customer Support in the United States can help.",  # common words only
+    ],
+)
+def test_what_is_not_the_sources_identifier_stays_quiet(output):
+    e = with_source()
+    # Make "Customer Support" and "United States" visible in another tenant's prompt.
+    answer(e, "initech", "i-1", "Customer Support of the United States office", "Ok.", T0)
+    assert answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1) == []
+
+
+def test_the_victims_own_values_are_its_own():
+    e = with_source()
+    own = "Ticket QRS-408172 was raised by Ingrid Vasquez-Tolland. Reply:"
+    output = "We looked at ticket QRS-408172 for Ingrid Vasquez-Tolland."
+    assert answer(e, "acme", "a-2", own, output, T0 + 1) == []
+
+
+def test_names_a_model_made_up_belong_to_nobody():
+    """Case identifiers come from prompts only: a model writes the same invented names
+    and references for many tenants (docs/detection.md)."""
+    e = engine()
+    invented = "Regards, Harriet Quillfeather, ticket ZZT-774012."
+    answer(e, "acme", "a-1", "Write a sign-off.", invented, T0)
+    assert answer(e, "globex", "g-1", "Write a sign-off.\n", invented, T0 + 1) == []
+
+
+def test_identifiers_several_tenants_sent_are_common():
+    e = engine()
+    for i, tenant in enumerate(("a", "b", "c")):
+        answer(e, tenant, f"{tenant}-1", "Ship it with Northwind Traders please.", "Ok.", T0 + i)
+    found = answer(e, "d", "d-1", VICTIM_PROMPT, "Northwind Traders ships it.", T0 + 5)
+    assert found == []
+
+
+def test_turned_off_by_configuration():
+    e = with_source(case_identifiers=False)
+    found = answer(e, "globex", "v-1", VICTIM_PROMPT, "Ingrid Vasquez-Tolland asked.", T0 + 1)
+    assert found == []
+
+
+def test_case_keys():
+    keys = set(iter_case_keys(SOURCE, []))
+    assert ("reference", "qrs-408172") in keys and ("reference", "408172") in keys
+    assert ("reference", "inv-55210") in keys and ("reference", "k40517m") in keys
+    assert ("amount", "7,318.40") in keys
+    assert ("name", "ingrid vasquez-tolland") in keys and ("name", "saltmarsh row") in keys
+    # A date, a year and a short count are nobody's reference.
+    assert not list(iter_case_keys("On 2024-01-15, in 2023, 3 of 12 items, pay $500.00.", []))
