@@ -179,7 +179,7 @@ def _ticket(fake: Faker, rng: random.Random, tenant: Tenant, request_id: str) ->
     return Request(request_id, tenant.name, "ticket", prompt, used)
 
 
-def make_workload(n: int, tenants: list[Tenant], seed: int) -> list[Request]:
+def make_workload(n: int, tenants: list[Tenant], seed: int, prefix: str = "rm") -> list[Request]:
     """``n`` requests: about 70% tickets, 22% shared questions, 8% pasted public text."""
     rng = random.Random(seed)
     fake = Faker(["en_US", "en_GB"])
@@ -187,7 +187,7 @@ def make_workload(n: int, tenants: list[Tenant], seed: int) -> list[Request]:
     out = []
     for i in range(n):
         tenant = rng.choice(tenants)
-        rid = f"rm-{seed}-{i:05d}"
+        rid = f"{prefix}-{seed}-{i:05d}"
         roll = rng.random()
         if roll < 0.70:
             out.append(_ticket(fake, rng, tenant, rid))

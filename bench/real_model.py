@@ -179,7 +179,7 @@ def start_crosstalk(tmp: Path, upstream: str, mode: str, tenants: list[human_tex
 
 
 def send_all(base: str, requests: list[human_text.Request], keys: dict[str, str], seed: int,
-             concurrency: int) -> tuple[dict[str, str], set[str], list[str]]:  # fmt: skip
+             concurrency: int, tagged: bool = True) -> tuple[dict[str, str], set[str], list[str]]:  # fmt: skip
     import openai
 
     outputs: dict[str, str] = {}
@@ -198,7 +198,8 @@ def send_all(base: str, requests: list[human_text.Request], keys: dict[str, str]
             stream = clients[r.tenant].completions.create(
                 model="gemma", prompt=r.prompt, max_tokens=MAX_TOKENS, stream=True,
                 temperature=0.0 if shared else 0.8, top_p=0.95, seed=seed * 100_000 + i,
-                extra_body={"crosstalk_tag": r.request_id},
+                # Untagged requests (the warm-up) are never faulted nor sources.
+                extra_body={"crosstalk_tag": r.request_id} if tagged else {},
                 extra_headers={"X-Request-ID": r.request_id},
             )  # fmt: skip
             for chunk in stream:
@@ -252,7 +253,9 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def run_once(tmp: Path, mode: str, requests, tenants, seed: int, rate: float, slots: int,
-             concurrency: int, extra_config: str = "") -> Run:  # fmt: skip
+             concurrency: int, extra_config: str = "", warm: int = 0) -> Run:  # fmt: skip
+    """``requests`` through a fresh llama-server and crosstalk; with ``warm``, that many
+    clean requests of another seed go first (crosstalk learns what is common)."""
     tmp.mkdir(parents=True, exist_ok=True)
     llama, url, fault_log = start_llama(tmp, seed, rate, slots)
     procs = [llama]
@@ -260,6 +263,9 @@ def run_once(tmp: Path, mode: str, requests, tenants, seed: int, rate: float, sl
         proxy, base, log, flows = start_crosstalk(tmp, url, mode, tenants, extra_config)
         procs.append(proxy)
         keys = {t.name: t.key for t in tenants}
+        if warm:
+            warmup = human_text.make_workload(warm, tenants, seed + 1000, prefix="warm")
+            send_all(base, warmup, keys, seed + 1000, concurrency, tagged=False)
         outputs, blocked, errors = send_all(base, requests, keys, seed, concurrency)
     finally:
         stop_processes(procs, timeout=30)
@@ -268,6 +274,28 @@ def run_once(tmp: Path, mode: str, requests, tenants, seed: int, rate: float, sl
     blocked |= {e["request_id"] for e in findings if e.get("action") == "blocked"}
     return Run(mode, requests, outputs, blocked, engine_texts(flows), read_jsonl(fault_log),
                findings, errors)  # fmt: skip
+
+
+def rescore(tmp: Path, mode: str, requests, detection: str = "") -> Run:
+    """A kept run (``--dir``) judged again with today's engine: its capture replayed by
+    ``crosstalk replay`` (the same tenants, the same time order), for trying a detection
+    change without the model; ``detection`` adds lines to the ``[detection]`` section
+    (``case_identifiers = false`` replays as the engine did before them). Only shadow
+    findings: a replay never blocks."""
+    events = tmp / f"replay-{mode}.jsonl"
+    events.unlink(missing_ok=True)
+    flows = tmp / f"flows-{mode}.mitm"
+    config = tmp / f"replay-{mode}.toml"
+    config.write_text(f"{(tmp / f'crosstalk-{mode}.toml').read_text()}\n[detection]\n{detection}\n")
+    cmd = [sys.executable, "-m", "proxy", "replay", str(flows), "--config",
+           str(config), "--log-file", str(events), "--no-progress"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode not in (0, 1):  # 1: findings
+        raise SystemExit(f"replay failed ({done.returncode}): {done.stderr[-1500:]}")
+    engine = engine_texts(flows)
+    findings = [e for e in read_jsonl(events) if e.get("event") == "leak.detected"]
+    return Run(mode, requests, dict(engine), set(), engine, read_jsonl(tmp / "faults.jsonl"),
+               findings, [])  # fmt: skip
 
 
 # --- scoring ----------------------------------------------------------------------------
@@ -342,6 +370,54 @@ def score(run: Run) -> Score:
     return s
 
 
+# --- a candidate signal for paraphrased faults, measured here before it blocks anything ---
+
+RELEVANCE_WINDOW = 40  # earlier requests an answer is compared with
+_STOP = frozenset((
+    "a", "an", "and", "are", "as", "at", "be", "been", "but", "by", "can", "could", "do",
+    "does", "for", "from", "has", "have", "he", "her", "his", "i", "if", "in", "into", "is",
+    "it", "its", "me", "my", "no", "not", "of", "on", "or", "our", "she", "so", "that", "the",
+    "their", "them", "there", "they", "this", "to", "was", "we", "were", "what", "when",
+    "which", "who", "will", "with", "would", "you", "your",
+))  # fmt: skip
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in words(text) if w not in _STOP and not w.isdigit() and len(w) > 2}
+
+
+def relevance_probe(run: Run, ratios=(1.5, 2.0, 3.0)) -> list[str]:
+    """Lexical relevance, no model: an answer whose content words match one other
+    tenant's recent prompt far better than its own prompt (sum of the shared words'
+    idf). Rows of what it would flag among paraphrased faults and clean answers."""
+    import math
+
+    prompts = [(r, content_words(r.prompt)) for r in run.requests]
+    df = Counter(w for _, ws in prompts for w in ws)
+    idf = {w: math.log(len(prompts) / n) for w, n in df.items()}
+    by_id = {r.request_id: r for r in run.requests}
+    faults = {f["victim"]: f for f in run.faults if f.get("n_stale", 0) > 0}
+    best: dict[str, float] = {}
+    for i, (r, own_words) in enumerate(prompts):
+        answer = content_words(run.engine.get(r.request_id, ""))
+        own = sum(idf[w] for w in answer & own_words)
+        foreign = max(
+            (sum(idf[w] for w in answer & ws) for q, ws in prompts[max(0, i - RELEVANCE_WINDOW) : i]
+             if q.tenant != r.tenant),
+            default=0.0,
+        )  # fmt: skip
+        best[r.request_id] = foreign / max(own, 1.0)
+    rows = []
+    for threshold in ratios:
+        para = [rid for rid, f in faults.items() if by_id[f["source"]].tenant != by_id[rid].tenant]
+        clean = [r.request_id for r in run.requests if r.request_id not in faults]
+        hit_p = sum(best.get(rid, 0) >= threshold for rid in para)
+        hit_c = sum(best.get(rid, 0) >= threshold for rid in clean)
+        rows.append(f"| relevance ratio >= {threshold} | cross-tenant faults {hit_p}/{len(para)} | "
+                    f"clean {hit_c}/{len(clean)} |")  # fmt: skip
+    return rows
+
+
 def ratio(a: int, b: int) -> float:
     return a / b if b else float("nan")
 
@@ -399,8 +475,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--modes", default="shadow,enforce")
+    ap.add_argument("--warm", type=int, default=0, help="clean requests sent first (warm engine)")
     ap.add_argument("--dir", type=Path, default=None, help="keep logs here (default: a temp dir)")
     ap.add_argument("--json", type=Path, default=None, help="write the scores here")
+    ap.add_argument(
+        "--rescore", action="store_true", help="judge a kept --dir again by replaying its capture"
+    )
+    ap.add_argument(
+        "--before",
+        action="store_true",
+        help="with --rescore: also replay without case identifiers, list what they add",
+    )
     args = ap.parse_args(argv)
     n = 120 if args.quick else args.requests
     import tempfile
@@ -415,11 +500,27 @@ def main(argv: list[str] | None = None) -> int:
     misses, scores = [], {}
     for mode in args.modes.split(","):
         t0 = time.monotonic()
-        run = run_once(base / mode, mode, requests, tenants, args.seed, args.fault_rate,
-                       args.slots, args.concurrency)  # fmt: skip
+        if args.rescore:
+            run = rescore(base / mode, mode, requests)
+            if args.before:
+                before = score(rescore(base / mode, mode, requests, "case_identifiers = false"))
+                print(f"\n## before case identifiers ({mode}, replayed)")
+                report(before)
+                newly = {rid for rid, _, _ in before.missed} - {
+                    rid for rid, _, _ in score(run).missed
+                }
+                print(f"  found now, missed before: {len(newly)}")
+        else:
+            run = run_once(base / mode, mode, requests, tenants, args.seed, args.fault_rate,
+                           args.slots, args.concurrency, warm=args.warm)  # fmt: skip
         s = score(run)
         scores[mode] = {k: v for k, v in vars(s).items()}
         misses += [f"{mode}:{m}" for m in report(s)]
+        print(
+            "\ncandidate signal (not in the engine): lexical relevance to another tenant's prompt"
+        )
+        print("| rule | faulted answers it flags | clean answers it flags |\n|---|---:|---:|")
+        print("\n".join(relevance_probe(run)))
         kinds = Counter(k for f in run.findings for k in [f.get("kind")])
         print(f"  findings by kind {dict(kinds)}; client errors {len(run.errors)}; "
               f"{time.monotonic() - t0:.0f} s")  # fmt: skip

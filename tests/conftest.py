@@ -176,6 +176,8 @@ def bench_module(name: str):
     """A module of ``bench/`` (not a package), loaded from its file."""
     spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    # Registered before it runs: a dataclass with string annotations looks its module up.
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

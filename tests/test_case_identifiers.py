@@ -134,3 +134,38 @@ def test_case_keys():
     assert ("name", "ingrid vasquez-tolland") in keys and ("name", "saltmarsh row") in keys
     # A date, a year and a short count are nobody's reference.
     assert not list(iter_case_keys("On 2024-01-15, in 2023, 3 of 12 items, pay $500.00.", []))
+
+
+def test_a_compound_cut_at_a_token_boundary_is_still_found():
+    output = "Reply from the Vasquez-Tol team: we are on it."
+    found = answer(with_source(), "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]
+
+
+def test_a_leak_does_not_make_the_name_a_models():
+    """A model that wrote another tenant's name (a leak) did not make it up: the next
+    leak of that name is found too."""
+    e = with_source()
+    leak = "Ingrid Vasquez-Tolland asked about this too."
+    assert answer(e, "globex", "v-1", VICTIM_PROMPT, leak, T0 + 1) != []
+    answer(e, "acme", "src-2", SOURCE, "We will look into it.", T0 + 2)
+    assert answer(e, "initech", "v-2", VICTIM_PROMPT, leak, T0 + 3) != []
+
+
+def test_a_quoted_invention_is_nobodys():
+    """A conversation sent as one completions string quotes the names the model made up
+    in an earlier answer; the model writing them again for another tenant leaks nothing."""
+    e = engine()
+    invented = "Harriet Quillfeather from our team will follow up."
+    answer(e, "acme", "a-1", "Who will follow up?", invented, T0)
+    quoted = f"Who will follow up?\n{invented}\nThanks, and when?"
+    answer(e, "acme", "a-2", quoted, "Soon.", T0 + 1)
+    assert answer(e, "globex", "g-1", "Who will follow up?\n", invented, T0 + 2) == []
+
+
+def test_names_in_the_victims_own_earlier_turns_are_its_own():
+    e = with_source()
+    history = "Ingrid Vasquez-Tolland will call you back."
+    scan = e.observe_prompt("globex", "v-1", "And when?", now=T0 + 1, model_text=history)
+    found = scan.feed("Ingrid Vasquez-Tolland calls tomorrow.", now=T0 + 1)
+    assert found + scan.finish(now=T0 + 1) == []

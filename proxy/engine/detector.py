@@ -79,6 +79,9 @@ def run_steps[T](steps: Generator[None, None, T]) -> T:
 FRAGMENT, ENTITY, CANARY = "fragment", "entity", "canary"
 #: ``extracted`` kind of a capitalised pair a model wrote: marks the name, owns nothing.
 MODEL_NAME = "model_name"
+#: A prompt's name whose every word models wrote (a quoted earlier answer): the tenant
+#: holds it, and it is no evidence of a leak (it joins ``Engine.model_names``).
+QUOTED_NAME = "quoted_name"
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,13 +335,19 @@ class Engine(_core.EngineClock):
         texts: dict[str, str] = {}
         entities: list[tuple[str, str]] = []
         if self.config.entities:
-            # A case identifier that an earlier assistant turn holds is the model's.
+            # A case identifier that an earlier assistant turn holds is the model's; the
+            # names in those turns explain this answer's (``ResponseScan.own_model_names``).
             model_keys = {key for _, key in iter_case_keys(model_text, [])} if model_text else set()
+            if model_text and self.config.case_identifiers:
+                for key, *_ in iter_model_names(model_text):
+                    entity_id = self.entity_id(key)
+                    texts[entity_id] = key
+                    entities.append((MODEL_NAME, entity_id))
             for kind, key in iter_entity_keys(text, self._common_word):
                 if kind in CASE_KINDS and (not self.config.case_identifiers or key in model_keys):
                     continue
                 if kind == "name" and self._model_written(key):
-                    continue
+                    kind = QUOTED_NAME
                 entity_id = self.entity_id(key)
                 texts[entity_id] = key
                 entities.append((kind, entity_id))
@@ -424,10 +433,13 @@ class Engine(_core.EngineClock):
         else:
             self.index.add_many(kept, value, now)
         for kind, entity_id in record.entities:
-            if entity_id not in self._baseline_entities:
-                self.entities.add(
-                    entity_id, kind, tenant, value, now, text=entity_texts.get(entity_id)
-                )
+            if kind == MODEL_NAME or entity_id in self._baseline_entities:
+                continue
+            if kind == QUOTED_NAME:  # this tenant's, and no evidence against anyone
+                kind = "name"
+                self.model_names.pop(entity_id, None)
+                self.model_names[entity_id] = now
+            self.entities.add(entity_id, kind, tenant, value, now, text=entity_texts.get(entity_id))
         return ResponseScan(self, record, slot)
 
     # -- internals shared with ResponseScan -----------------------------------------
@@ -655,6 +667,9 @@ class ResponseScan(_core.ScanFields):
         #: does not make a foreign match distinctive.
         self.own_units = _core.HotTable()
         self.own_units.add_keys(np.ascontiguousarray(prompt.units, dtype=np.uint64), 1)
+        #: Names in the prompt's earlier assistant turns: the conversation's own, which
+        #: this answer may repeat whoever else holds them.
+        self.own_model_names = {i for kind, i in prompt.entities if kind == MODEL_NAME}
         # engine, _choices (choice -> _ChoiceState), slot, _now, _to_count (output
         # fingerprints to count in the sketch at the end) and _similar (slot -> asked
         # the same as this one): fields of _core.ScanFields, which every delta's step
@@ -699,8 +714,7 @@ class ResponseScan(_core.ScanFields):
                     state.extracted.append((e.kind, entity_id, e.start, e.end))
                     state.texts[entity_id] = key
                 if engine.config.case_identifiers:
-                    for key, start, end in iter_model_names(raw):
-                        state.extracted.append((MODEL_NAME, engine.entity_id(key), start, end))
+                    state.extracted += self._invented_names(raw)
             state.batches.append(len(state.hashes))
             state.seqs.append(seq)
             found += self._finish_choice(state, choice)
@@ -708,6 +722,23 @@ class ResponseScan(_core.ScanFields):
         self._count_output()
         self.engine._in_flight.pop(self.slot, None)
         return found
+
+    def _invented_names(self, raw: str) -> list[tuple[str, str, int, int]]:
+        """``extracted`` entries (``MODEL_NAME``) of the names this output made up, and
+        of their words: not its own prompt's (the model restating its customer's name
+        made up nothing) and held by no request of the window (a name another request
+        holds is that request's, leaked or not: a leak must not make it the model's)."""
+        engine = self.engine
+        out = []
+        for key, start, end, parts in iter_model_names(raw):
+            entity_id = engine.entity_id(key)
+            if entity_id in engine.entities.table:
+                continue
+            if all(h in self.own_units for h in engine.hasher.units(unit_texts(key))):
+                continue
+            out.append((MODEL_NAME, entity_id, start, end))
+            out += [(MODEL_NAME, engine.entity_id(w), start, end) for w in parts]
+        return out
 
     def _count_output(self) -> None:
         """The output's use of text held by no other request, counted at its end."""
@@ -1131,7 +1162,9 @@ class ResponseScan(_core.ScanFields):
             is_canary = owner.kind == CANARY
             if not is_canary and owner.users() >= self.engine.config.common_tenants:
                 continue
-            if owner.kind == "name" and entity_id in self.engine.model_names:
+            if owner.kind == "name" and (
+                entity_id in self.engine.model_names or entity_id in self.own_model_names
+            ):
                 continue  # a name models write: nobody's, even when a prompt holds it
             sources = self._entity_sources(owner, is_canary)
             if not sources:

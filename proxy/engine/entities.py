@@ -565,6 +565,8 @@ _AMOUNT = re.compile(
 _CAPITALISED = re.compile(r"\b[A-Z][a-z]+(?:['’][a-z]+)?(?:(?:-| )[A-Z][a-z]+(?:['’][a-z]+)?)+\b")
 _COMPOUND = re.compile(r"[A-Z][a-z'’]+(?:-[A-Z][a-z'’]+)+")
 CASE_KINDS = frozenset({"reference", "amount", "name"})
+#: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
+COMPOUND_HEAD_LETTERS = 3
 #: Significant digits an amount needs: a round or small one (500.00, 49.99) is written
 #: for many people; 3,425.49 is somebody's.
 AMOUNT_DIGITS = 4
@@ -612,6 +614,12 @@ def iter_case_keys(
         for compound in _COMPOUND.findall(run):
             if not all(map(common, compound.split("-"))):
                 yield "name", fold(compound)
+                # Its head to three letters past the last hyphen: a model cuts a rare
+                # word at a token boundary ("Reply from the Wilson-Hod"), as a page cut
+                # mid-IBAN keeps its head.
+                head, _, last = compound.rpartition("-")
+                if len(last) > COMPOUND_HEAD_LETTERS:
+                    yield "name", fold(f"{head}-{last[:COMPOUND_HEAD_LETTERS]}")
         parts = run.split(" ")
         before = text[max(0, m.start() - 4) : m.start()]
         opens = m.start() == 0 or _SENTENCE_START.search(before) is not None
@@ -625,21 +633,19 @@ def iter_case_keys(
 _SENTENCE_START = re.compile(r"(?:[.!?:;]\s+|\n\s*|[\"“(]\s*)$")
 
 
-def iter_model_names(text: str) -> Iterator[tuple[str, int, int]]:
-    """``(key, start, end)`` of the capitalised pairs a model wrote (``iter_case_keys``'
-    names, unfiltered), and of each of their words: names models write for many tenants,
-    which are nobody's, and the words such names are made of."""
+def iter_model_names(text: str) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
+    """``(key, start, end, words)`` of the capitalised pairs and compounds a model wrote
+    (``iter_case_keys``' names, unfiltered), with the keys of their words: names models
+    write for many tenants are nobody's, nor are the words they make them of."""
     for m in _CAPITALISED.finditer(text):
         parts = m.group(0).split(" ")
         at = m.start()
-        for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False)):
-            if i == 0:
-                yield fold(a), at, at + len(a)
-            yield fold(b), at + len(a) + 1, at + len(a) + 1 + len(b)
-            yield fold(f"{a} {b}"), at, at + len(a) + 1 + len(b)
+        for a, b in zip(parts, parts[1:], strict=False):
+            end = at + len(a) + 1 + len(b)
+            yield fold(f"{a} {b}"), at, end, (fold(a), fold(b))
             at += len(a) + 1
         for c in _COMPOUND.finditer(m.group(0)):
-            yield fold(c.group(0)), m.start() + c.start(), m.start() + c.end()
+            yield fold(c.group(0)), m.start() + c.start(), m.start() + c.end(), ()
 
 
 #: Characters (spaces included) of an IBAN's head that are keyed on their own: a page
