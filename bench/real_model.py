@@ -298,6 +298,25 @@ def rescore(tmp: Path, mode: str, requests, detection: str = "") -> Run:
                findings, [])  # fmt: skip
 
 
+def masked_example(run: Run, victim_id: str, width: int = 90) -> str:
+    """What a faulted answer carried of its source, the source's values masked by kind:
+    the victim's question, then the answer's words around the first value."""
+    by_id = {r.request_id: r for r in run.requests}
+    fault = next(f for f in run.faults if f["victim"] == victim_id)
+    victim, source = by_id[victim_id], by_id[fault["source"]]
+    text = " ".join(run.engine.get(victim_id, "").split())
+    for kind, value in sorted(source.values.items(), key=lambda kv: -len(kv[1])):
+        if holds_value(text, value):
+            text = re.sub(re.escape(" ".join(value.split())), f"<{kind}>", text, flags=re.I)
+    first = text.find("<")
+    asked = victim.prompt.split("\n")[3 if victim.kind == "ticket" else 0]
+    for kind, value in victim.values.items():
+        asked = asked.replace(value, f"<own {kind}>")
+    asked = asked[:60]
+    start = max(0, first - width // 3) if first >= 0 else 0
+    return f"asked {asked!r}; answer: ...{text[start : start + width]}..."
+
+
 # --- scoring ----------------------------------------------------------------------------
 
 
@@ -510,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
                     rid for rid, _, _ in score(run).missed
                 }
                 print(f"  found now, missed before: {len(newly)}")
+                for rid in sorted(newly):
+                    print(f"  - {rid}: {masked_example(run, rid)}")
         else:
             run = run_once(base / mode, mode, requests, tenants, args.seed, args.fault_rate,
                            args.slots, args.concurrency, warm=args.warm)  # fmt: skip

@@ -17,7 +17,7 @@ T0 = 1_000_000.0
 SOURCE = (
     "Halloran & Webb customer support\n"
     "Ticket QRS-408172 from Ingrid Vasquez-Tolland <ingrid.vt@fastmail.com>\n\n"
-    "Our accountants at Brightwater Accounting need invoice INV-55210 for €7,318.40 "
+    "Our accountants at Brightwater Accounting (Kestrel and Sons before) need invoice INV-55210 for €7,318.40 "
     "before the close. I still live at 88 Saltmarsh Row in Penhallow. My case number "
     "with the police is K40517M.\n\nReply:"
 )
@@ -54,8 +54,9 @@ def with_source(**config) -> Engine:
         "ticket number 408172",
         "Ingrid Vasquez-Tolland",
         "Halloran & Webb",  # not a pair of capitalised words: no key
-        "Brightwater Accounting",
-        "88 Saltmarsh Row",
+        "Brightwater Accounting",  # a pair with a plain word: no key (documented limit)
+        "88 Saltmarsh Row",  # likewise
+        "Kestrel and Sons",
         "an amount of 7,318.40",
         "invoice INV-55210",
         "case K40517M",
@@ -67,8 +68,8 @@ def test_one_identifier_in_fresh_prose_is_a_finding_with_its_source(leaked):
         f"{leaked}, we have forwarded it to the team and will reply within two days."
     )
     found = answer(with_source(), "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
-    if leaked == "Halloran & Webb":
-        assert found == []  # "Halloran", "Webb" alone are not pairs: documented limit
+    if leaked in ("Halloran & Webb", "Brightwater Accounting", "88 Saltmarsh Row"):
+        assert found == []  # documented limits (docs/detection.md)
         return
     assert [(f.kind, f.source_tenant, f.source_request_id) for f in found] == [
         (ENTITY, "acme", "src-1")
@@ -131,7 +132,7 @@ def test_case_keys():
     assert ("reference", "qrs-408172") in keys and ("reference", "408172") in keys
     assert ("reference", "inv-55210") in keys and ("reference", "k40517m") in keys
     assert ("amount", "7,318.40") in keys
-    assert ("name", "ingrid vasquez-tolland") in keys and ("name", "saltmarsh row") in keys
+    assert ("name", "ingrid vasquez-tolland") in keys and ("name", "kestrel and sons") in keys
     # A date, a year and a short count are nobody's reference.
     assert not list(iter_case_keys("On 2024-01-15, in 2023, 3 of 12 items, pay $500.00.", []))
 
@@ -169,3 +170,19 @@ def test_names_in_the_victims_own_earlier_turns_are_its_own():
     scan = e.observe_prompt("globex", "v-1", "And when?", now=T0 + 1, model_text=history)
     found = scan.feed("Ingrid Vasquez-Tolland calls tomorrow.", now=T0 + 1)
     assert found + scan.finish(now=T0 + 1) == []
+
+
+def test_public_names_in_a_baseline_are_nobodys():
+    """A product name one tenant asks about and a model writes for another is flagged
+    on a fresh engine (a documented limit, docs/detection.md) unless a baseline names
+    it, or until three tenants used it."""
+    question = "Why does Docker Compose fail on my laptop?"
+    output = "Install Docker Compose first."
+    fresh = engine()
+    answer(fresh, "initech", "i-1", question, "Ok.", T0)
+    assert answer(fresh, "globex", "g-1", VICTIM_PROMPT, output, T0 + 1) != []
+    public = Engine(
+        EngineConfig(key=KEY), baseline=[*BASELINE, "Docker Compose"], plain_words=PLAIN
+    )
+    answer(public, "initech", "i-1", question, "Ok.", T0)
+    assert answer(public, "globex", "g-1", VICTIM_PROMPT, output, T0 + 1) == []

@@ -564,6 +564,8 @@ _AMOUNT = re.compile(
 # streets and places (Suzanne Woodward, Freeman Group, Jacobs Fords, Pearson-Kramer).
 _CAPITALISED = re.compile(r"\b[A-Z][a-z]+(?:['’][a-z]+)?(?:(?:-| )[A-Z][a-z]+(?:['’][a-z]+)?)+\b")
 _COMPOUND = re.compile(r"[A-Z][a-z'’]+(?:-[A-Z][a-z'’]+)+")
+# A firm named after people: "Perkins and Sons", "Hale & Partners".
+_FIRM = re.compile(r"\b([A-Z][a-z'’]+) (?:and|&) (?:Sons|Partners|Associates|Brothers|Daughters)\b")
 CASE_KINDS = frozenset({"reference", "amount", "name"})
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
 COMPOUND_HEAD_LETTERS = 3
@@ -585,10 +587,10 @@ def iter_case_keys(
     ``reference`` (the folded token, and its digit run alone when that has six or more
     digits: people write "ticket 629869" for "TCK-629869"), ``amount`` (its number
     without the currency, when it has ``AMOUNT_DIGITS`` significant digits) and
-    ``name`` (each pair of adjacent capitalised words, or a hyphenated compound).
-    ``common_word`` (the engine's vocabulary) drops names made only of common words
-    ("United States", "Customer Service") and pairs that open a sentence with a common
-    word ("About Novak", "Dear Amy": the capital is the sentence's, not a name's)."""
+    ``name`` (each pair of adjacent capitalised words, a hyphenated compound, a firm
+    "Perkins and Sons"). ``common_word`` (the engine's vocabulary) drops pairs with a
+    common word ("United States", "Docker Compose", "Dear Amy") and compounds made only
+    of common words."""
 
     def free(s: int, e: int) -> bool:
         return not any(s < ce and cs < e for cs, ce in claimed)
@@ -621,16 +623,14 @@ def iter_case_keys(
                 if len(last) > COMPOUND_HEAD_LETTERS:
                     yield "name", fold(f"{head}-{last[:COMPOUND_HEAD_LETTERS]}")
         parts = run.split(" ")
-        before = text[max(0, m.start() - 4) : m.start()]
-        opens = m.start() == 0 or _SENTENCE_START.search(before) is not None
-        for i, (a, b) in enumerate(zip(parts, parts[1:], strict=False)):
-            if common(a) and (common(b) or (i == 0 and opens)):
-                continue
-            yield "name", fold(f"{a} {b}")
-
-
-# The text before a capitalised run that makes its first capital the sentence's.
-_SENTENCE_START = re.compile(r"(?:[.!?:;]\s+|\n\s*|[\"“(]\s*)$")
+        for a, b in zip(parts, parts[1:], strict=False):
+            # Both words rare: a pair with a plain word is what many people write
+            # ("Customer Service", "Docker Compose", a sentence's "About Novak").
+            if not (common(a) or common(b)):
+                yield "name", fold(f"{a} {b}")
+    for m in _FIRM.finditer(text):
+        if free(*m.span()) and not common(m.group(1)):
+            yield "name", fold(m.group(0))
 
 
 def iter_model_names(text: str) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
