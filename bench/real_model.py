@@ -334,6 +334,7 @@ class Score:
     clean: int = 0
     clean_flagged: int = 0
     delivered: int = 0  # enforce: faulted answers whose client text held an identifier
+    delivered_ids: list[str] = field(default_factory=list)
     missed: list[tuple[str, list[str], bool]] = field(default_factory=list)
     flagged_clean: list[str] = field(default_factory=list)
 
@@ -383,6 +384,7 @@ def score(run: Run) -> Score:
             client = run.outputs.get(r.request_id, "")
             if any(holds_value(client, source.values[k]) for k in verdict.values):
                 s.delivered += 1
+                s.delivered_ids.append(r.request_id)
         else:
             s.paraphrase += 1
             s.paraphrase_flagged += bool(hits)
@@ -514,8 +516,11 @@ def main(argv: list[str] | None = None) -> int:
     fake.seed_instance(args.seed)
     tenants = human_text.make_tenants(args.tenants, fake)
     requests = human_text.make_workload(n, tenants, args.seed)
-    print(f"# real model: {n} requests, {args.tenants} tenants, seed {args.seed}, "
-          f"fault rate {args.fault_rate}, {args.slots} slots; logs in {base}")  # fmt: skip
+    if args.rescore:
+        print(f"# real model, kept run replayed: {n} requests, seed {args.seed}; logs in {base}")
+    else:
+        print(f"# real model: {n} requests, {args.tenants} tenants, seed {args.seed}, "
+              f"fault rate {args.fault_rate}, {args.slots} slots; logs in {base}")  # fmt: skip
     misses, scores = [], {}
     for mode in args.modes.split(","):
         t0 = time.monotonic()
