@@ -66,7 +66,9 @@ def feed(m: ExchangeMonitor, data: bytes, size: int) -> bytes:
 
 @pytest.fixture
 def engine() -> Engine:
-    e = Engine(EngineConfig(key=b"k" * 32))
+    # PRIVATE holds names ("Kasia Wrobel"), each an entity finding of its own (case
+    # identifiers, tests/test_case_identifiers.py); these tests are about fragments.
+    e = Engine(EngineConfig(key=b"k" * 32, case_identifiers=False))
     e.observe_prompt("A", "a-1", PRIVATE, now=999.0).finish()
     return e
 

@@ -10,6 +10,9 @@ from test_enforce import PRIVATE, chunk_event, sse_stream
 from proxy.engine import Engine, EngineConfig
 from proxy.pipeline.exchange import ExchangeMonitor
 
+# PRIVATE holds names, each an entity finding of its own (case identifiers); the engines
+# here leave them out: these tests are about when fragment work runs.
+
 
 def shadow_monitor(engine: Engine, deferred: list, findings: list) -> ExchangeMonitor:
     m = ExchangeMonitor(
@@ -46,7 +49,7 @@ def run(deferred: list) -> None:
 def b_after_a_private_prompt() -> tuple[list, list, ExchangeMonitor]:
     """Tenant B's shadow monitor on an engine that holds tenant A's private prompt:
     (its deferred items, its findings, the monitor)."""
-    engine = Engine(EngineConfig(key=b"k" * 32))
+    engine = Engine(EngineConfig(key=b"k" * 32, case_identifiers=False))
     engine.observe_prompt("A", "a-1", PRIVATE, now=999.0).finish()
     deferred: list = []
     findings: list = []
@@ -75,7 +78,7 @@ def test_chunks_pass_at_once_and_the_leak_is_found_when_the_work_runs():
 def test_a_failure_in_a_batched_scan_still_counts_the_whole_chunk():
     """The engine fails on the first batch of a chunk that holds the whole answer: the
     rest of its events are still parsed (counts, end of stream), never scanned."""
-    engine = Engine(EngineConfig(key=b"k" * 32))
+    engine = Engine(EngineConfig(key=b"k" * 32, case_identifiers=False))
     deferred: list = []
     m = shadow_monitor(engine, deferred, [])
     run(deferred[:1])  # the prompt is observed
@@ -90,7 +93,7 @@ def test_a_failure_in_a_batched_scan_still_counts_the_whole_chunk():
 
 
 def test_a_deferred_failure_fails_open_and_is_reported():
-    engine = Engine(EngineConfig(key=b"k" * 32))
+    engine = Engine(EngineConfig(key=b"k" * 32, case_identifiers=False))
     deferred: list = []
     m = shadow_monitor(engine, deferred, [])
     m.on_chunk(sse_stream(["hello"] * 40))
@@ -119,7 +122,7 @@ def test_an_exchange_that_errors_mid_stream_is_settled_after_its_last_scan():
 def test_queued_chunks_are_parsed_one_per_step_and_late_ones_join_the_item():
     """The idle queue runs a step per turn: one chunk's work holds the event loop, not a
     backlog; a chunk that arrives before the item is done is handled by it."""
-    engine = Engine(EngineConfig(key=b"k" * 32))
+    engine = Engine(EngineConfig(key=b"k" * 32, case_identifiers=False))
     deferred: list = []
     m = shadow_monitor(engine, deferred, [])
     run(deferred[:1])  # the prompt's observation
@@ -142,7 +145,7 @@ def test_a_chunk_never_overtakes_work_queued_before_it_arrived():
     that item: a prompt that came in between is observed before the later chunk is
     scanned (else a leak of that prompt in the chunk goes unseen, and the journal's
     replay, which keeps the order of arrival, disagrees with what was logged live)."""
-    engine = Engine(EngineConfig(key=b"k" * 32))
+    engine = Engine(EngineConfig(key=b"k" * 32, case_identifiers=False))
     deferred: list = []
     findings: list = []
     m = shadow_monitor(engine, deferred, findings)

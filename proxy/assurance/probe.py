@@ -91,8 +91,6 @@ class ProbeParams:
 
 # --- synthetic tenants and prompts ------------------------------------------------------
 
-_FIRST = ("Mara", "Tomasz", "Ines", "Kofi", "Lena", "Arjun", "Sade", "Viktor", "Noor", "Emil")
-_LAST = ("Okafor", "Brandt", "Kowalczyk", "Haddad", "Lindqvist", "Moreau", "Tanaka", "Reyes")
 _SYLLABLES = (
     "vel", "kar", "ost", "pin", "tesh", "mor", "dal", "quin", "bro", "zef", "lum", "rav", "sig",
     "tor", "nem", "fal", "dru", "kes", "wim", "yar",
@@ -182,7 +180,9 @@ def make_request(index: int, tenant: Tenant, rng: random.Random) -> ProbeRequest
     """A request whose every private value is fresh random data."""
     hexdigits = "0123456789ABCDEF"
     canary = "XTC" + "".join(rng.choice(hexdigits) for _ in range(14))
-    first, last = rng.choice(_FIRST), rng.choice(_LAST)
+    # Names made of random syllables, like the project's: a name from a small pool would
+    # be two tenants' by chance, and a full name is an identifier (case identifiers).
+    first, last = ("".join(rng.choice(_SYLLABLES) for _ in range(n)).capitalize() for n in (2, 3))
     email = f"{first.lower()}.{last.lower()}{rng.randint(1000, 99999)}@probe{rng.randint(10, 999)}.xtc-mail.net"
     card = luhn_complete("4" + "".join(rng.choice("0123456789") for _ in range(14)))
     card = " ".join(card[i : i + 4] for i in range(0, 16, 4))
