@@ -269,6 +269,10 @@ def run_once(tmp: Path, mode: str, requests, tenants, seed: int, rate: float, sl
         outputs, blocked, errors = send_all(base, requests, keys, seed, concurrency)
     finally:
         stop_processes(procs, timeout=30)
+    # What the clients received, kept beside the capture for a later look.
+    (tmp / f"client-{mode}.json").write_text(
+        json.dumps({"outputs": outputs, "blocked": sorted(blocked)})
+    )
     events = read_jsonl(log)
     findings = [e for e in events if e.get("event") == "leak.detected"]
     blocked |= {e["request_id"] for e in findings if e.get("action") == "blocked"}
