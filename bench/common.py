@@ -64,6 +64,25 @@ def wait_listening(port: int, proc: subprocess.Popen, name: str, timeout: float)
         time.sleep(0.05)
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, name: str, timeout: float = 120) -> None:
+    """Until ``url``/health answers 200 (llama-server listens before its model is
+    loaded); RuntimeError if ``proc`` exits first, OSError after ``timeout`` seconds."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)
+
+
 def stop_processes(procs: Sequence[subprocess.Popen], timeout: float) -> None:
     """SIGTERM every process still running, then SIGKILL what is left after ``timeout``
     seconds (all share the one grace time)."""

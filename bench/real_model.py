@@ -32,7 +32,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,7 +39,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import human_text  # noqa: E402
-from common import HOST, ROOT, die_with_parent, free_port, stop_processes, wait_listening  # noqa: E402
+from common import (  # noqa: E402
+    HOST,
+    ROOT,
+    die_with_parent,
+    free_port,
+    stop_processes,
+    wait_healthy,
+    wait_listening,
+)  # noqa: E402
 from faker import Faker  # noqa: E402
 
 TARGETS = {
@@ -114,21 +121,6 @@ def ensure(script: str) -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def wait_health(url: str, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"llama-server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.2)
-
-
 @dataclass
 class Run:
     """One pass of a workload through llama-server (faulty) and crosstalk."""
@@ -156,7 +148,7 @@ def start_llama(
     log = (tmp / "llama-server.log").open("wb")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, preexec_fn=die_with_parent)
     url = f"http://{HOST}:{port}"
-    wait_health(url, proc)
+    wait_healthy(url, proc, "llama-server")
     return proc, url, fault_log
 
 

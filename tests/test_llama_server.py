@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +20,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import ROOT, missing_tool, start_server, stop, wait_for_events
+from conftest import ROOT, bench_module, missing_tool, start_server, stop, wait_for_events
 from mitmproxy import http
 from mitmproxy.io import FlowReader
 from tiny_gguf import write_tiny_model
@@ -57,24 +55,10 @@ def llama(llama_server_bin: Path, module_tmp: Path) -> Iterator[str]:
         proc, port = start_server(command, stderr=log)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_for_health(url)
+        bench_module("common").wait_healthy(url, proc, "llama-server", timeout=30)
         yield url
     finally:
         stop(proc)
-
-
-def wait_for_health(url: str) -> None:
-    """llama-server listens before its model is loaded; /health says when it is."""
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-        time.sleep(0.1)
 
 
 @dataclass
