@@ -186,3 +186,33 @@ def test_public_names_in_a_baseline_are_nobodys():
     )
     answer(public, "initech", "i-1", question, "Ok.", T0)
     assert answer(public, "globex", "g-1", VICTIM_PROMPT, output, T0 + 1) == []
+
+
+COMPANY_SOURCE = "Ticket from a customer: Green Inc cancelled my contract and kept the deposit."
+
+
+@pytest.mark.parametrize("leaked", ["Green Inc", "Green Inc.", "green inc"])
+def test_a_company_of_a_plain_word_and_its_legal_form_is_found(leaked):
+    """The words "Green" and "Morales" are plain words (no rare pair), yet "Green Inc" names one
+    firm: a real model's leaks (docs/real-model.md) wrote the source's company whole."""
+    e = engine()
+    answer(e, "acme", "src-1", COMPANY_SOURCE, "We will look into it.", T0)
+    output = f"Reply from the support team: {leaked} has cancelled your booking."
+    found = answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]
+
+
+def test_a_company_the_victim_asked_about_is_its_own():
+    e = engine()
+    answer(e, "acme", "src-1", COMPANY_SOURCE, "We will look into it.", T0)
+    own = "Q: Does Green sell refurbished phones?\nA:"
+    output = "Yes, Green Inc sells refurbished phones on its website."
+    assert answer(e, "globex", "v-1", own, output, T0 + 1) == []
+
+
+def test_a_compound_written_with_the_tokenizers_spacing_is_found():
+    """A model's tokenizer may write "Vasquez- Tolland" for "Vasquez-Tolland"."""
+    for written in ("Vasquez- Tolland", "Vasquez - Tolland"):
+        output = f"Kind regards, Ingrid {written}, account manager."
+        found = answer(with_source(), "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
+        assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")], written

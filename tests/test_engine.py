@@ -1510,6 +1510,8 @@ def test_text_two_outputs_write_at_once_counts_both_tenants_when_it_is_shared():
         "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
         "john.doe@example.com",
         "ops@billing.test",
+        "support@gmx.de",
+        "info@yahoo.co.uk",
         "4111 1111 1111 1111",
         "sk-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
         "12345678",
@@ -1526,6 +1528,8 @@ def test_placeholders_are_nobodys_entities(value):
     "value",
     [
         "anna.kowalczyk@polarpath.eu",
+        "support@polarpath.eu",
+        "anna.kowalczyk@gmx.de",
         "AKIA4Q2ZR7XW3K9PLM2T",
         "4532 0151 1283 0366",
         "(415) 782-0132",

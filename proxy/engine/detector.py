@@ -39,6 +39,7 @@ from proxy.engine.entities import (
     CASE_KINDS,
     EntityIndex,
     EntityScanner,
+    company_head,
     extract_entities,
     fold,
     iter_case_keys,
@@ -1166,6 +1167,8 @@ class ResponseScan(_core.ScanFields):
                 entity_id in self.engine.model_names or entity_id in self.own_model_names
             ):
                 continue  # a name models write: nobody's, even when a prompt holds it
+            if owner.kind == "name" and self._names_own_company(entity_id):
+                continue
             sources = self._entity_sources(owner, is_canary)
             if not sources:
                 self._echoed_entities.add(entity_id)
@@ -1191,6 +1194,15 @@ class ResponseScan(_core.ScanFields):
             )
         self.findings += found
         return found
+
+    def _names_own_company(self, entity_id: str) -> bool:
+        """Whether a company key ("apple inc") has its name in this request's own prompt
+        ("my Apple laptop"): the model naming the firm its customer asked about, not
+        another tenant's dealings with it."""
+        head = company_head(self.engine.entities.key_text(entity_id))
+        return head is not None and all(
+            h in self.own_units for h in self.engine.hasher.units(unit_texts(head))
+        )
 
     def _entity_sources(
         self, owner: EntityOwner, is_canary: bool

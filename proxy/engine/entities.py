@@ -247,6 +247,19 @@ _PLACEHOLDER_MAILBOX = re.compile(
     r"^(?:john|jane)[._]?doe|^(?:your|my)[._]?(?:name|email)|^(?:user|username|name|someone|"
     r"test|foo|bar|email|me|you)$"
 )
+# A role mailbox (support@, info@...) at a free-mail provider is what a model writes
+# when it invents a contact address: no tenant's help desk is ``support@gmail.com``.
+# The same role at any other domain may be a tenant's company and stays an entity.
+_ROLE_MAILBOX = re.compile(
+    r"^(?:support|help|helpdesk|info|contact|admin|office|service|customerservice|"
+    r"customer[._-]?service|sales|billing|hello|team|noreply|no[._-]?reply|enquiries|"
+    r"inquiries)$"
+)
+_FREE_MAIL_DOMAIN = re.compile(
+    r"^(?:gmail|googlemail|yahoo|ymail|outlook|hotmail|live|msn|aol|icloud|me|mail|gmx|"
+    r"web|proton|protonmail|yandex|zoho|t-online|free|orange|laposte|libero|virgilio|"
+    r"seznam|wp|onet|qq|163)\.(?:[a-z]{2,3})(?:\.[a-z]{2})?$"
+)
 # Published test and documentation numbers: card networks' and payment processors' test
 # cards, the IBANs of standards and bank documentation, the SSNs of famous misuse.
 _DOCUMENTED = frozenset(
@@ -313,13 +326,18 @@ def _counting_run(first: int, n: int, step: int) -> str:
 
 def is_placeholder(kind: str, value: str) -> bool:
     """Whether an entity-shaped ``value`` of ``kind`` is an example that belongs to nobody:
-    a reserved example domain or placeholder mailbox, a published test or documentation
+    a reserved example domain, a placeholder mailbox or a role mailbox at a free-mail
+    provider, a published test or documentation
     number, an invalid US SSN, a fictional 555 phone number, filler (``xxxx``,
     ``EXAMPLE``, ``your-api-key``) or token soup."""
     low = value.lower()
     if kind == "email":
         mailbox, _, domain = low.partition("@")
-        return bool(_EXAMPLE_DOMAIN.search(domain) or _PLACEHOLDER_MAILBOX.search(mailbox))
+        return bool(
+            _EXAMPLE_DOMAIN.search(domain)
+            or _PLACEHOLDER_MAILBOX.search(mailbox)
+            or (_ROLE_MAILBOX.match(mailbox) and _FREE_MAIL_DOMAIN.match(domain))
+        )
     digits = _digits(value)
     if _SPACE_OR_HYPHEN.sub("", low) in _DOCUMENTED or (digits and digits in _DOCUMENTED):
         return True
@@ -424,6 +442,10 @@ class EntityIndex(EntityIndexFields):
         owner.pinned |= pin
         if not owner.pinned:
             self._by_time.append(untracked((now, entity_id, tenant)))
+
+    def key_text(self, entity_id: str) -> str:
+        """The folded text of a live entity's key ("" once it has expired)."""
+        return self._texts.get(entity_id, "")
 
     def expire(self, older_than: float) -> int:
         """Forget uses older than ``older_than``, oldest first (amortised: each use is
@@ -566,6 +588,14 @@ _CAPITALISED = re.compile(r"\b[A-Z][a-z]+(?:['’][a-z]+)?(?:(?:-| )[A-Z][a-z]+(
 _COMPOUND = re.compile(r"[A-Z][a-z'’]+(?:-[A-Z][a-z'’]+)+")
 # A firm named after people: "Perkins and Sons", "Hale & Partners".
 _FIRM = re.compile(r"\b([A-Z][a-z'’]+) (?:and|&) (?:Sons|Partners|Associates|Brothers|Daughters)\b")
+# A company by its legal form: "Morales LLC", "Green Inc." -- a surname that is also a
+# plain word ("Green", "Morales") makes no rare pair, yet with its legal form it names
+# one firm. ``company_head`` lets an answer whose own prompt names the firm use it.
+_LEGAL_FORMS = ("Inc", "LLC", "Ltd", "PLC", "GmbH", "AG", "Corp", "LLP", "SARL", "S.A", "B.V")
+_COMPANY = re.compile(
+    rf"\b[A-Z][a-z'’]+(?:-[A-Z][a-z'’]+)? (?:{'|'.join(map(re.escape, _LEGAL_FORMS))})\b"
+)
+_FOLDED_FORMS = frozenset(form.lower() for form in _LEGAL_FORMS)
 CASE_KINDS = frozenset({"reference", "amount", "name"})
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
 COMPOUND_HEAD_LETTERS = 3
@@ -616,6 +646,9 @@ def iter_case_keys(
         for compound in _COMPOUND.findall(run):
             if not all(map(common, compound.split("-"))):
                 yield "name", fold(compound)
+                # As a model's tokenizer may write it: "Hill- Thompson", "Hill - Thompson".
+                yield "name", fold(compound.replace("-", "- "))
+                yield "name", fold(compound.replace("-", " - "))
                 # Its head to three letters past the last hyphen: a model cuts a rare
                 # word at a token boundary ("Reply from the Wilson-Hod"), as a page cut
                 # mid-IBAN keeps its head.
@@ -631,6 +664,16 @@ def iter_case_keys(
     for m in _FIRM.finditer(text):
         if free(*m.span()) and not common(m.group(1)):
             yield "name", fold(m.group(0))
+    for m in _COMPANY.finditer(text):
+        if free(*m.span()):
+            yield "name", fold(m.group(0))
+
+
+def company_head(key: str) -> str | None:
+    """The name before the legal form of a company key ("green" of "green inc"), or
+    None for any other key."""
+    name, _, form = key.rpartition(" ")
+    return name if name and " " not in name and form in _FOLDED_FORMS else None
 
 
 def iter_model_names(text: str) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
