@@ -62,6 +62,9 @@ from proxy.forensics.replayer import ExchangeRecord
 PENDING_MAX = 10_000
 PENDING_SECONDS = 3600.0
 SGLANG_CUT_HALF = 1024  # --log-requests-level 2 keeps this much of each end
+#: Seconds since 1970 below which a time field is a relative clock, not a date
+#: (2001-09-09; a host up for 31 years would pass it).
+EPOCH_FLOOR = 1e9
 
 _SGLANG_LINE = re.compile(r"\b(Receive|Finish): obj=")
 _SGLANG_JSON = re.compile(rb'"event"\s*:\s*"request\.(received|finished)"')
@@ -218,16 +221,9 @@ def sglang_exchange(
         body = [{"text": a} for a in answers]
         response = body if isinstance(out, list) else body[0]
     latency = field_at(outs[0] if outs else None, "meta_info.e2e_latency")
-    started = obj.get("received_time") or first.get("received_time")
     took = seconds(latency, "e2e_latency") if isinstance(latency, int | float) else None
-    if isinstance(started, int | float) and not isinstance(started, bool):
-        begin = seconds(started, "received_time")
-        if took is not None:
-            end = begin + took
-    elif received is not None:
-        begin = received.time
-    else:
-        begin = end - took if took is not None else end
+    # The Receive line's own time: SGLang's received_time is a perf_counter reading.
+    begin = received.time if received is not None else end - took if took is not None else end
     headers = fields.get("headers") if isinstance(fields.get("headers"), dict) else {}
     rid = fields.get("rid")
     view = {**fields, "obj": obj or first}
@@ -254,6 +250,17 @@ def sglang_exchange(
     )
 
 
+def _epoch_received_time(fields: dict[str, Any]) -> float | None:
+    """``obj.received_time`` when it is a wall-clock time. SGLang 0.5 sets it from
+    ``time.perf_counter()`` (seconds since the host booted): no date, and another
+    host's count is unrelated, so the log line's own time orders requests instead."""
+    obj = fields.get("obj")
+    value = obj.get("received_time") if isinstance(obj, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= EPOCH_FLOOR:
+        return seconds(value, "received_time")
+    return None
+
+
 def read_sglang(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
     def unanswered(_rid: str, opened: _Open) -> LoggedExchange:
         return sglang_exchange(None, opened, opened.time, source)
@@ -269,11 +276,11 @@ def _sglang_step(
         return None, []
     event, when, fields = parsed
     rid = str(fields.get("rid"))
+    if when is None:
+        when = _epoch_received_time(fields)
     if event == "received":
         if when is None:
-            obj = fields.get("obj") or {}
-            when = seconds(obj.get("received_time") if isinstance(obj, dict) else None,
-                           "received_time")  # fmt: skip
+            raise ValueError("a Receive line with no time")
         pairing.add(rid, _Open(when, position, fields))
         return when, []
     received = pairing.take(rid)
@@ -322,55 +329,126 @@ def vllm_fields(rest: str) -> dict[str, Any]:
 
 
 def _vllm_cut(text: str, ids: Any, limit: int | None) -> bool:
-    """Did vLLM's ``--max-log-len`` cut ``text``? Exactly the given limit, or (no limit
-    given) cut to the same length as its token ids, which real text never is."""
+    """Did vLLM's ``--max-log-len`` cut ``text``? At least the limit (given, or inferred
+    from the file: ``infer_vllm_limit``), or cut to the same length as its token ids,
+    which real text never is."""
     if limit is not None:
         return len(text) >= limit
     return isinstance(ids, list) and len(ids) == len(text) >= 32
 
 
+def _choices_wanted(fields: dict[str, Any]) -> int:
+    """``n`` of the logged ``SamplingParams`` (how many outputs the request logs), 1 when
+    the line does not say."""
+    params = fields.get("params")
+    n = params.get("n") if isinstance(params, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= 128 else 1
+
+
+@dataclass
+class _VllmOpen(_Open):
+    """A vLLM request: its input lines' fields, then its outputs as they come."""
+
+    outputs: list[str] = field(default_factory=list)
+    output_ids: list[Any] = field(default_factory=list)
+    next_ids: Any = None  # a DEBUG "details: output_token_ids" line's, for the next output
+
+
 def vllm_exchange(
-    request_id: str, opened: _Open | None, output: str | None, out_ids: Any, end: float,
-    source: InputFile,
-) -> LoggedExchange:  # fmt: skip
+    request_id: str, opened: _VllmOpen | None, end: float, source: InputFile, limit: int | None
+) -> LoggedExchange:
     fields = opened.fields if opened else {}
     prompt = fields.get("prompt")
     prompt = prompt if isinstance(prompt, str) else None
-    limit = source.max_log_len
+    outputs = list(opened.outputs) if opened else []
+    if opened and not outputs and opened.deltas:
+        outputs = ["".join(opened.deltas)]  # no complete line came: the deltas seen
     partial = []
     if prompt is not None and _vllm_cut(prompt, fields.get("prompt_token_ids"), limit):
         partial.append(f"prompt cut by the log (vLLM --max-log-len, {len(prompt)} characters kept)")
-    if output is not None and _vllm_cut(output, out_ids, limit):
-        partial.append(f"output cut by the log (vLLM --max-log-len, {len(output)} characters kept)")
+    ids = opened.output_ids if opened else []
+    if any(
+        _vllm_cut(t, i, limit) for t, i in zip(outputs, ids + [None] * len(outputs), strict=False)
+    ):
+        partial.append("output cut by the log (vLLM --max-log-len)")
     view = {**fields, "request_id": request_id}
     note = None
     if prompt is None:
-        note = "no prompt line for this id (vLLM 0.11+ logs prompts at DEBUG level)"
-    elif output is None:
+        note = ("no prompt for this id: vLLM logs prompts only at DEBUG level (--log-level "
+                "DEBUG with --enable-log-requests); its output was scanned alone")  # fmt: skip
+    elif not outputs:
         note = "vLLM logs outputs only with --enable-log-outputs"
     begin = opened.time if opened else end
     return LoggedExchange(
         time=begin,
         end=max(end, begin),
         path="/v1/completions",
-        request={"prompt": prompt} if prompt is not None else None,
-        response={"choices": [{"index": 0, "text": output}]} if output is not None else None,
+        request={"prompt": prompt or ""} if prompt is not None or outputs else None,
+        response=(
+            {"choices": [{"index": i, "text": t} for i, t in enumerate(outputs)]}
+            if outputs
+            else None
+        ),
         request_id=request_id,
         tenant=source.tenant_from.pick(lambda f: field_at(view, f)),
         tenant_missing=VLLM_TENANT,
         partial=partial,
         missing_note=note,
+        prompt_logged=prompt is not None,
     )
+
+
+class _VllmRequests:
+    """Open vLLM requests by id. vLLM logs a completion's inputs as ``cmpl-ID-0``,
+    ``cmpl-ID-1`` (one per prompt of the call) and all its outputs as ``cmpl-ID``, in
+    prompt order (``entrypoints/openai/completion/serving.py``): an output whose id is
+    not open goes to the first open ``ID-<i>``."""
+
+    def __init__(self, pairing: _Pairing) -> None:
+        self.pairing = pairing
+        self.subs: dict[str, list[str]] = {}
+
+    def open(self, request_id: str, when: float, position: str, fields: dict[str, Any]) -> None:
+        opened = self.pairing.open.get(request_id)
+        if opened is not None:
+            opened.fields.update(fields)  # the other input line of the same request
+            return
+        self.pairing.add(request_id, _VllmOpen(when, position, fields))
+        base, dash, index = request_id.rpartition("-")
+        if dash and index.isdigit():
+            self.subs.setdefault(base, []).append(request_id)
+
+    def find(self, output_id: str) -> tuple[str, _VllmOpen] | None:
+        for request_id in (output_id, *self.subs.get(output_id, ())):
+            opened = self.pairing.open.get(request_id)
+            if isinstance(opened, _VllmOpen):
+                return request_id, opened
+        return None
+
+    def close(self, request_id: str) -> _VllmOpen | None:
+        opened = self.pairing.take(request_id)
+        base, dash, _ = request_id.rpartition("-")
+        subs = self.subs.get(base) if dash else None
+        if subs is not None and request_id in subs:
+            subs.remove(request_id)
+            if not subs:
+                del self.subs[base]
+        return opened if isinstance(opened, _VllmOpen) else None
 
 
 def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
     clock = _VllmClock(source)
+    limit = source.max_log_len if source.max_log_len is not None else infer_vllm_limit(source)
+    requests: _VllmRequests | None = None
 
     def step(
         line: str, position: str, pairing: _Pairing, src: InputFile
     ) -> tuple[float | None, list[LoggedExchange]]:
+        nonlocal requests
+        if requests is None or requests.pairing is not pairing:
+            requests = _VllmRequests(pairing)
         m = _marker(_VLLM_LINE, line)
-        if m is None or (m.group("details") and m.group("sep") != " details:"):
+        if m is None:
             return None, []
         when = clock.at(line, m.start())
         request_id = m.group("id")
@@ -379,30 +457,83 @@ def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
             if isinstance(fields.get(name), pyrepr.Opaque):
                 raise ValueError(f"{name} is not a string: the line is cut short?")
         if not m.group("generated"):
-            opened = pairing.open.get(request_id)
-            if opened is None:
-                pairing.add(request_id, _Open(when, position, fields))
-            else:
-                opened.fields.update(fields)  # the DEBUG details line of the same request
+            if m.group("details") and m.group("sep") != " details:":
+                return None, []
+            requests.open(request_id, when, position, fields)
+            return when, []
+        found = requests.find(request_id)
+        if found is None:  # an output whose input lines are not in the log
+            requests.open(request_id, when, position, {})
+            found = requests.find(request_id)
+        assert found is not None
+        key, opened = found
+        if m.group("sep") == " details:":  # DEBUG: the next output line's token ids
+            opened.next_ids = fields.get("output_token_ids")
             return when, []
         output = fields.get("output")
-        output = output if isinstance(output, str) else None
         if m.group("stream") == "delta":
-            opened = pairing.open.get(request_id)
-            if opened is not None and output is not None:
+            if isinstance(output, str):
                 opened.deltas.append(output)
             return when, []
-        opened = pairing.take(request_id)
-        if (not output) and opened is not None and opened.deltas:
-            output = "".join(opened.deltas)
-        ids = fields.get("output_token_ids")
-        return when, [vllm_exchange(request_id, opened, output, ids, when, src)]
+        opened.outputs.append(output if isinstance(output, str) else "")
+        opened.output_ids.append(opened.next_ids)
+        opened.next_ids = None
+        if len(opened.outputs) < _choices_wanted(opened.fields):
+            return when, []
+        requests.close(key)
+        return when, [vllm_exchange(key, opened, when, src, limit)]
 
     def unanswered(request_id: str, opened: _Open) -> LoggedExchange:
-        output = "".join(opened.deltas) if opened.deltas else None
-        return vllm_exchange(request_id, opened, output, None, opened.time, source)
+        if requests is not None:
+            requests.close(request_id)
+        vllm_open = opened if isinstance(opened, _VllmOpen) else None
+        return vllm_exchange(request_id, vllm_open, opened.time, source, limit)
 
     return _read_paired(source, on_skip, step, unanswered)
+
+
+def infer_vllm_limit(source: InputFile) -> int | None:
+    """vLLM's ``--max-log-len N`` cuts every logged prompt and output to N characters
+    with no marker. Not given, it is read off the file: the greatest text length, when
+    at least two texts have exactly it (real texts' lengths rarely tie at the top; cut
+    ones all do). None when the file shows no such cut, or cannot be read twice."""
+    try:
+        if not source.stream.seekable():
+            return None
+        begin = source.stream.tell()
+    except (OSError, ValueError):
+        return None
+    try:
+        lengths = _text_lengths(source)
+    finally:
+        source.stream.seek(begin)
+    if not lengths:
+        return None
+    longest = max(lengths)
+    return longest if lengths[longest] >= 2 else None
+
+
+def _text_lengths(source: InputFile) -> dict[int, int]:
+    """How many logged prompts and outputs (32 characters or more) have each length."""
+    lengths: dict[int, int] = {}
+    for _number, _start, raw in numbered_lines(source):
+        line = raw.decode("utf-8", "replace")
+        m = _marker(_VLLM_LINE, line)
+        if (
+            m is None
+            or m.group("stream") == "delta"
+            or m.group("sep") != ":"
+            and not m.group("details")
+        ):
+            continue
+        try:
+            fields = vllm_fields(line[m.end() :])
+        except RECORD_ERRORS:
+            continue
+        for name in ("prompt", "output"):
+            if isinstance(text := fields.get(name), str) and len(text) >= 32:
+                lengths[len(text)] = lengths.get(len(text), 0) + 1
+    return lengths
 
 
 # -- both --------------------------------------------------------------------------------

@@ -8,8 +8,9 @@ them as newline-delimited JSON. Fields used:
 * ``messages`` (the request's messages; a string for text completions) and ``response``
   (the OpenAI-shaped ``ModelResponse``), replayed as a chat or text completion;
 * ``startTime`` / ``endTime``: epoch seconds; ``litellm_call_id`` (else ``id``): the id;
-* the tenant: the key's team alias, team id, key alias, key hash (first found); LiteLLM's
-  unit of isolation is the team;
+* the tenant: the key's team alias, team id, key alias, key hash, the end user, the
+  call's ``user`` parameter (first found, ``LITELLM_TENANT_FIELDS``); LiteLLM's unit of
+  isolation is the team;
 * ``status`` other than ``success``: the call failed (no response expected);
 * ``turn_off_message_logging`` writes ``redacted-by-litellm`` in place of the text: such a
   payload holds nothing to scan and counts as not scannable.
@@ -34,12 +35,17 @@ from proxy.forensics.inputs import (
 )
 from proxy.forensics.replayer import ExchangeRecord
 
-#: Where a LiteLLM payload names the tenant, first found wins.
+#: Where a LiteLLM payload names the tenant, first found wins: the proxy's key team,
+#: alias and hash; then the end user (the proxy's ``user`` of the request) and, for
+#: calls made with the SDK (no key metadata), the ``user`` parameter of the call.
 LITELLM_TENANT_FIELDS = (
     "metadata.user_api_key_team_alias",
     "metadata.user_api_key_team_id",
     "metadata.user_api_key_alias",
     "metadata.user_api_key_hash",
+    "metadata.user_api_key_end_user_id",
+    "end_user",
+    "model_parameters.user",
 )
 LITELLM_REDACTED = "redacted-by-litellm"  # turn_off_message_logging
 _TEXT_CALLS = ("text_completion", "atext_completion")
@@ -76,6 +82,8 @@ def litellm_record(
     response = (
         payload if not failed and LITELLM_REDACTED not in orjson.dumps(payload).decode() else None
     )
+    if text_call and response is not None:
+        response = _as_text_completion(response)
     request_id = obj.get("litellm_call_id") or obj.get("id")
     tenant = tenant_from.pick(lambda f: field_at(obj, f), LITELLM_TENANT_FIELDS)
     return LoggedExchange(
@@ -94,6 +102,27 @@ def litellm_record(
             else None
         ),
     ).record(position, "", fallback_id)
+
+
+def _as_text_completion(response: dict) -> dict:
+    """A text completion's response as ``choices[].text``. LiteLLM logs a streamed
+    ``atext_completion`` as the chat response it assembled (``"object":
+    "chat.completion"``, ``choices[].message.content``): read as a text completion, its
+    text would be missed and the exchange called clean."""
+    choices = response.get("choices")
+    if not isinstance(choices, list):
+        return response
+    texts = []
+    for i, choice in enumerate(choices):
+        if not isinstance(choice, dict):
+            return response
+        text = choice.get("text")
+        if text is None and isinstance(choice.get("message"), dict):
+            text = choice["message"].get("content")
+        texts.append(
+            {"index": choice.get("index", i), "text": text if isinstance(text, str) else ""}
+        )
+    return {**response, "object": "text_completion", "choices": texts}
 
 
 def read_litellm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:

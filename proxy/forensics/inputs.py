@@ -248,6 +248,10 @@ class LoggedExchange:
     partial: list[str] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
     missing_note: str | None = None  # why a text is not in the log (its settings)
+    # False: the log kept no prompt, and ``request`` is an empty one that lets the
+    # logged output still be scanned (against the other tenants' texts); the exchange
+    # counts as not scannable whole.
+    prompt_logged: bool = True
 
     def record(self, position: str, origin: str, fallback_id: str) -> ExchangeRecord:
         headers = RecordedHeaders()
@@ -277,7 +281,7 @@ class LoggedExchange:
             fallback_id=fallback_id,
             tenant=self.tenant,
             end=self.end,
-            body_recorded=self.request is not None,
+            body_recorded=self.request is not None and self.prompt_logged,
             origin=origin,
             partial="; ".join(self.partial) or None,
             tenant_missing=self.tenant_missing if self.tenant is None else None,

@@ -223,6 +223,10 @@ def parse_response(route: Route, body: bytes) -> list[OutputDelta]:
                 _message_texts(message, pieces)
                 text = "\n".join(pieces)
             else:
+                if "text" not in choice and isinstance(choice.get("message"), dict):
+                    # A chat answer where a completion was asked for: its text is not
+                    # where this route reads, and must not pass as an empty answer.
+                    raise _Shape("a completions choice holds a chat 'message', not 'text'")
                 _opt_text(choice.get("text"), pieces)
                 text = pieces[0] if pieces else ""
             out.append(OutputDelta(index, text))
