@@ -142,6 +142,8 @@ def main(args: argparse.Namespace) -> int:
             (s.unrecorded, "bodies the input does not hold (a capture made with "
              "stream_large_bodies, a log that keeps no text)"),
             (s.detector_errors, "exchanges the detector could not scan"),
+            (s.unparsed, "request bodies that are not an API request (their prompts "
+             "were not learned)"),
             (s.partial, "text cut by the input (a log's length limit) or past "
              "limits.max_scanned_output_chars"),
             (s.untenanted, "exchanges without a tenant (give --tenant-from FIELD)"),

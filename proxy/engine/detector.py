@@ -423,7 +423,11 @@ class Engine(_core.EngineClock):
             now,
             # a copy: a slice would keep the whole array alive
             signature=signature[: self.config.prompt_signature_size].copy(),
-            digest=self.hasher.digest(record.units.tobytes()).encode(),
+            # No prompt (a log that kept none) asks nothing: never "the same question"
+            # as another request without one, whose answers would then excuse each other.
+            digest=self.hasher.digest(record.units.tobytes()).encode()
+            if len(record.units)
+            else f"no prompt {self._next_slot}".encode(),
             prompt_units=sorted_unique(list(rare))[:PROMPT_UNITS_KEPT],
         )
         value = slot << 1

@@ -31,6 +31,7 @@ file's (from its modification time) and ``TZ`` sets the zone.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import OrderedDict
@@ -261,33 +262,75 @@ def _epoch_received_time(fields: dict[str, Any]) -> float | None:
     return None
 
 
+class HostClock:
+    """SGLang's ``received_time`` (``time.perf_counter()``: seconds since the host
+    booted, to the microsecond) on the log's wall clock (to the second). Each line with
+    both says the boot lies in ``[stamp - relative, stamp + grain - relative)``; the
+    lines of one host narrow that interval, and its middle turns a relative time into a
+    wall-clock one, finer than the stamps: requests of two hosts within one second are
+    ordered as they came. A host that restarted (the interval goes empty) starts over."""
+
+    def __init__(self) -> None:
+        self.low = -math.inf
+        self.high = math.inf
+
+    def learn(self, stamp: float, relative: float) -> None:
+        grain = 1.0 if stamp == math.floor(stamp) else 0.001
+        low, high = max(self.low, stamp - relative), min(self.high, stamp + grain - relative)
+        if low > high:  # a restart: perf_counter began again
+            low, high = stamp - relative, stamp + grain - relative
+        self.low, self.high = low, high
+
+    def at(self, relative: float) -> float:
+        return relative + (self.low + self.high) / 2
+
+
+def _relative_received_time(fields: dict[str, Any]) -> float | None:
+    obj = fields.get("obj")
+    value = obj.get("received_time") if isinstance(obj, dict) else None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < EPOCH_FLOOR:
+        return float(value)
+    return None
+
+
 def read_sglang(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
+    clock = HostClock()
+
+    def step(
+        line: str, position: str, pairing: _Pairing, src: InputFile
+    ) -> tuple[float | None, list[LoggedExchange]]:
+        parsed = sglang_fields(line)
+        if parsed is None:
+            return None, []
+        event, when, fields = parsed
+        rid = str(fields.get("rid"))
+        relative = _relative_received_time(fields)
+        if when is None:
+            when = _epoch_received_time(fields)
+        elif relative is not None and event == "received":
+            clock.learn(when, relative)
+            when = clock.at(relative)
+        if event == "received":
+            if when is None:
+                raise ValueError("a Receive line with no time")
+            pairing.add(rid, _Open(when, position, fields))
+            return when, []
+        received = pairing.take(rid)
+        if when is None and received is None:
+            raise ValueError("a Finish line with no time and no Receive line")
+        end = when if when is not None else received.time  # type: ignore[union-attr]
+        out = fields.get("out")
+        latency = field_at(
+            out[0] if isinstance(out, list) and out else out, "meta_info.e2e_latency"
+        )
+        if relative is not None and clock.low > -math.inf and isinstance(latency, int | float):
+            end = clock.at(relative) + seconds(latency, "e2e_latency")  # finer than the stamp
+        return end, [sglang_exchange(fields, received, end, src)]
+
     def unanswered(_rid: str, opened: _Open) -> LoggedExchange:
         return sglang_exchange(None, opened, opened.time, source)
 
-    return _read_paired(source, on_skip, _sglang_step, unanswered)
-
-
-def _sglang_step(
-    line: str, position: str, pairing: _Pairing, source: InputFile
-) -> tuple[float | None, list[LoggedExchange]]:
-    parsed = sglang_fields(line)
-    if parsed is None:
-        return None, []
-    event, when, fields = parsed
-    rid = str(fields.get("rid"))
-    if when is None:
-        when = _epoch_received_time(fields)
-    if event == "received":
-        if when is None:
-            raise ValueError("a Receive line with no time")
-        pairing.add(rid, _Open(when, position, fields))
-        return when, []
-    received = pairing.take(rid)
-    if when is None and received is None:
-        raise ValueError("a Finish line with no time and no Receive line")
-    end = when if when is not None else received.time  # type: ignore[union-attr]
-    return end, [sglang_exchange(fields, received, end, source)]
+    return _read_paired(source, on_skip, step, unanswered)
 
 
 # -- vLLM ------------------------------------------------------------------------------------

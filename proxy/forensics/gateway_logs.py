@@ -65,16 +65,17 @@ def litellm_record(
     end = epoch(obj["endTime"], "endTime") if obj.get("endTime") is not None else when
     text_call = obj.get("call_type") in _TEXT_CALLS
     messages = obj["messages"]
-    if isinstance(messages, str):
-        request: dict | None = (
-            {"prompt": messages}
-            if text_call
-            else {"messages": [{"role": "user", "content": messages}]}
-        )
-    elif isinstance(messages, list):
-        request = {"messages": messages}
-    else:
+    if not isinstance(messages, str | list):
         raise ValueError("messages must be a list or a string")
+    if text_call:
+        # LiteLLM 1.110 logs a text call's prompt as one user message.
+        request: dict | None = {
+            "prompt": messages if isinstance(messages, str) else _joined(messages)
+        }
+    elif isinstance(messages, str):
+        request = {"messages": [{"role": "user", "content": messages}]}
+    else:
+        request = {"messages": messages}
     if LITELLM_REDACTED in orjson.dumps(messages).decode():
         request = None
     payload = obj.get("response")
@@ -102,6 +103,14 @@ def litellm_record(
             else None
         ),
     ).record(position, "", fallback_id)
+
+
+def _joined(messages: list) -> str:
+    """The text of logged messages, one a line (a text call's prompt)."""
+    texts = [m.get("content") for m in messages if isinstance(m, dict)]
+    if len(texts) != len(messages) or not all(isinstance(t, str) for t in texts):
+        raise ValueError("a text call's messages must be objects with string content")
+    return "\n".join(texts)
 
 
 def _as_text_completion(response: dict) -> dict:
