@@ -216,3 +216,32 @@ def test_a_compound_written_with_the_tokenizers_spacing_is_found():
         output = f"Kind regards, Ingrid {written}, account manager."
         found = answer(with_source(), "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
         assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")], written
+
+
+@pytest.mark.parametrize(
+    ("prompt", "leaked"),
+    [
+        ("Our contract with Blair Group ends in May.", "the Blair group support team"),
+        ("Our solicitors Davis, Coleman and Branch wrote twice.", "Davis, Coleman and Branch"),
+        ("Our solicitors Davis, Coleman and Branch wrote twice.", "from the Davis, Coleman team"),
+    ],
+)
+def test_organisations_and_firms_of_three_are_found(prompt, leaked):
+    e = engine()
+    answer(e, "acme", "src-1", prompt, "We will look into it.", T0)
+    found = answer(e, "globex", "v-1", VICTIM_PROMPT, f"Reply from {leaked}: thanks.", T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Our Support Group meets on Monday.",  # a plain name with it: everyone's
+        "We fly to Paris, London and Berlin next week.",  # plain words only
+    ],
+)
+def test_plain_organisations_and_lists_are_not_keys(prompt):
+    e = engine()
+    answer(e, "acme", "src-1", prompt, "We will look into it.", T0)
+    output = "The support group visits Paris, London and Berlin."
+    assert answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1) == []

@@ -595,7 +595,15 @@ _LEGAL_FORMS = ("Inc", "LLC", "Ltd", "PLC", "GmbH", "AG", "Corp", "LLP", "SARL",
 _COMPANY = re.compile(
     rf"\b[A-Z][a-z'’]+(?:-[A-Z][a-z'’]+)? (?:{'|'.join(map(re.escape, _LEGAL_FORMS))})\b"
 )
-_FOLDED_FORMS = frozenset(form.lower() for form in _LEGAL_FORMS)
+# A rare name and the word of an organisation ("Blair Group", "Okafor Holdings"): a
+# plain name with it ("Support Group", "Focus Group") is everyone's.
+_ORGANISATION_WORDS = ("Group", "Holdings", "Partners", "Associates", "Consulting",
+                       "Solutions", "Services", "Logistics", "Industries", "Capital")  # fmt: skip
+_ORGANISATION = re.compile(rf"\b([A-Z][a-z'’]+) (?:{'|'.join(_ORGANISATION_WORDS)})\b")
+# A firm of three surnames: "Davis, Coleman and Branch", "Short, Washington & Green";
+# its head too ("Davis, Coleman"): a model cuts it as it cuts a compound.
+_FIRM_OF_THREE = re.compile(r"\b([A-Z][a-z'’]+), ([A-Z][a-z'’]+),? (?:and|&) ([A-Z][a-z'’]+)\b")
+_FOLDED_FORMS = frozenset(form.lower() for form in (*_LEGAL_FORMS, *_ORGANISATION_WORDS))
 CASE_KINDS = frozenset({"reference", "amount", "name"})
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
 COMPOUND_HEAD_LETTERS = 3
@@ -667,6 +675,13 @@ def iter_case_keys(
     for m in _COMPANY.finditer(text):
         if free(*m.span()):
             yield "name", fold(m.group(0))
+    for m in _ORGANISATION.finditer(text):
+        if free(*m.span()) and not common(m.group(1)):
+            yield "name", fold(m.group(0))
+    for m in _FIRM_OF_THREE.finditer(text):
+        if free(*m.span()) and not all(map(common, m.groups())):
+            yield "name", fold(m.group(0))
+            yield "name", fold(f"{m.group(1)}, {m.group(2)}")
 
 
 def company_head(key: str) -> str | None:
