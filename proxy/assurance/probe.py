@@ -50,6 +50,7 @@ from typing import Any, TextIO
 import aiohttp
 
 from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, Finding
+from proxy.engine.checksums import luhn_complete
 
 SYSTEM_PROMPT = (
     "You are a careful assistant for a customer-support team. Answer briefly and repeat "
@@ -107,19 +108,6 @@ _TEMPLATES = (
     "Check this customer record and say what is missing: reference {canary}, holder {name}, "
     "mail {email}, account {iban}, card {card}, token {key}, project {project}, {topic}, {date}.",
 )
-
-
-def luhn_complete(prefix: str) -> str:
-    """``prefix`` plus the Luhn check digit."""
-    total = 0
-    for i, ch in enumerate(reversed(prefix)):
-        d = int(ch)
-        if i % 2 == 0:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return prefix + str((10 - total % 10) % 10)
 
 
 def iban_like(rng: random.Random, country: str = "DE") -> str:

@@ -30,6 +30,7 @@ from proxy.engine._core import (
     entity_needs,
     untracked,
 )
+from proxy.engine.checksums import luhn_ok
 
 MIN_ENTITY_CHARS = 6
 # pyahocorasick 2.x crashes (segfault) when an iterator continued with set(..., False)
@@ -37,16 +38,6 @@ MIN_ENTITY_CHARS = 6
 # they are replaced one-for-one (offsets are unchanged).
 _ASTRAL = re.compile("[\U00010000-\U0010ffff]")
 MAX_ENTITY_CHARS = 256
-
-
-def luhn_ok(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = ord(ch) - 48
-        if i % 2:
-            d = d * 2 - 9 if d > 4 else d * 2
-        total += d
-    return total % 10 == 0
 
 
 def iban_ok(iban: str) -> bool:

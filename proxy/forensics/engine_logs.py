@@ -13,6 +13,8 @@ and the JSON format (``--log-requests-format json``), one object a line:
 ``{"timestamp", "event": "request.received" | "request.finished", "rid", "obj", "headers", "out"}``.
 Levels 0 and 1 log no text; level 2 cuts every string over 2,048 characters to its first
 and last 1,024 (``'head' ... 'tail'``; in JSON ``head...tail``); level 3 logs all of it.
+``received_time`` is the host's ``time.perf_counter()``: anchored on the line times
+(``HostClock``).
 The logged ``headers`` (those named in ``SGLANG_LOG_REQUEST_HEADERS``) go through the tenant
 rules, so a tenant header the gateway sets names the tenant.
 
@@ -22,11 +24,15 @@ vLLM (``vllm/entrypoints/logger.py``, ``--enable-log-requests``, outputs with
     INFO 05-04 10:15:02 [logger.py:40] Received request chatcmpl-...: prompt: '...', params: SamplingParams(...), prompt_token_ids: [...], prompt_embeds shape: None, lora_request: None.
     INFO 05-04 10:15:04 [logger.py:71] Generated response chatcmpl-...: output: '...', output_token_ids: [...], finish_reason: stop
 
-(newer releases log the prompt in a DEBUG ``Request ... details: prompt: ...`` line).
-``--max-log-len N`` cuts prompts and outputs to N characters with no marker: pass the same
-``--max-log-len`` to the replay, or the reader infers a cut where the prompt and its token
-ids were cut to the same length. The time has no year and is local time: the year is the
-file's (from its modification time) and ``TZ`` sets the zone.
+(the v0.10 generation). 0.11 and later (checked on 0.33.0's own code, ``bench/producer_logs.py``)
+log the prompt only at DEBUG, as ``Request cmpl-ID-0 details: prompt: '...', prompt_token_ids:
+[...]``, the INFO ``Received request`` line holding only the parameters; a completion's
+inputs are ``cmpl-ID-<i>`` and its outputs ``cmpl-ID``; at DEBUG each output line follows a
+``Generated response ID details: output_token_ids: [...]`` line. At INFO the outputs are
+scanned alone. ``--max-log-len N`` cuts prompts and outputs to N characters with no marker:
+pass the same ``--max-log-len`` to the replay, or the reader takes the longest length that
+two texts share for it. The time has no year and is local time: the year is the file's
+(from its modification time) and ``TZ`` sets the zone.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from proxy.engine.checksums import luhn_ok
 from proxy.sim.answers import count_units, is_mostly_cjk, question_part, split_units
 
 FAULT_KINDS: tuple[str, ...] = ("prompt_page", "output_page", "entities", "misroute", "degenerate")
@@ -103,18 +104,9 @@ class Exchange:
 
 
 def luhn_valid(digits: str) -> bool:
-    """Luhn checksum of a digit string (spaces and dashes ignored)."""
-    nums = [int(c) for c in digits if c.isdigit()]
-    if len(nums) < 12:
-        return False
-    total = 0
-    for i, d in enumerate(reversed(nums)):
-        if i % 2 == 1:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
+    """Luhn checksum of a card number of 12 digits or more (spaces and dashes ignored)."""
+    nums = "".join(c for c in digits if c.isdigit())
+    return len(nums) >= 12 and luhn_ok(nums)
 
 
 def extract_entities(text: str) -> list[str]:

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from proxy.engine.checksums import luhn_complete
 from proxy.sim.answers import answer_for, expand
 from proxy.sim.templates import TEMPLATES, render
 
@@ -390,19 +391,6 @@ class Tenant:
     customers: list[Customer]
     history: list[tuple[list[dict], frozenset[str]]] = field(default_factory=list)
     counter: int = 0
-
-
-def luhn_complete(prefix: str) -> str:
-    """Append the Luhn check digit to a digit string."""
-    total = 0
-    for i, ch in enumerate(reversed(prefix)):
-        d = int(ch)
-        if i % 2 == 0:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return prefix + str((10 - total % 10) % 10)
 
 
 def iban_with_checksum(country: str, bban: str) -> str:
