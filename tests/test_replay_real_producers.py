@@ -70,6 +70,7 @@ def test_vllm_info_outputs_are_scanned_without_their_prompts(tmp_path):
     assert code == 1
     assert {(e["tenant"], e["source_tenant"]) for e in leaks} == {("globex", "acme")}
     assert summary["unrecorded"] == 2
+    assert all("no prompt" in " ".join(e["partial_text"]) for e in leaks)
     assert any(
         "DEBUG" in str(e.get("reason")) for e in events if e.get("event") == "replay.not_scannable"
     )

@@ -495,6 +495,10 @@ class Replayer:
         for finding in findings:
             self.stats.findings += 1
             partial = [f"victim: {record.partial}"] if record.partial else []
+            if not record.body_recorded:
+                # Its output was scanned alone: another tenant's answer to the same
+                # question would look the same (the prompt would have told).
+                partial.append("victim: no prompt in the input, its answer compared alone")
             if (cut := self._partial_sources.get(finding.source_request_id)) is not None:
                 partial.append(f"source: {cut}")
             self.sink.finding(monitor, finding, self.clock, record, partial)
