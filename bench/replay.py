@@ -45,6 +45,11 @@ How:
    read alone in this process (its reader, no engine: records/s) and replayed as in step
    2 (the replay's own seconds): reading must be ``MIN_READ_RATIO`` times faster than the
    replay, every record read, and the planted leaks found.
+3c. *Real producers' logs.* ``--producer-exchanges`` exchanges (another seed) written by
+   the producers' own logging code at the pinned releases and replayed against
+   crosstalk's JSON lines of the same exchanges (``bench/producer_replay.py``): relative
+   recall >= 0.98 for every variant that keeps the text, never exit 0 for one that
+   does not.
 4. *Caps.* Two engine structures grow with the distinct words of the input until a cap:
    the learned vocabulary of rare words and the unit-hash cache. Their RSS when full is
    measured in a fresh child process (``--measure-caps``): the bound of that growth.
@@ -585,6 +590,31 @@ def format_rows(args: argparse.Namespace, workdir: Path, config: Path) -> list[F
     return rows
 
 
+def producer_rows(args: argparse.Namespace, workdir: Path) -> list[Any]:
+    """Step 3c: the same exchanges written by the producers' own logging code (vLLM,
+    SGLang, LiteLLM at their pinned versions) and replayed against crosstalk's capture
+    of them (``bench/producer_replay.py``); relative recall per variant."""
+    if not args.producer_exchanges:
+        return []
+    import producer_replay  # its harness imports this module's workload
+
+    out = workdir / "producers"
+    out.mkdir(exist_ok=True)
+    print("log formats written by the producers' own code:", flush=True)
+    ns = argparse.Namespace(
+        exchanges=args.producer_exchanges, seed=args.seed + 6, tenants=8, leak_rate=args.leak_rate
+    )
+    return producer_replay.run(ns, out)
+
+
+def producer_replay_misses(rows: Sequence[Any]) -> list[str]:
+    if not rows:
+        return []
+    import producer_replay
+
+    return producer_replay.misses(list(rows))
+
+
 def target_misses(rows: Sequence[ReplayRow]) -> list[str]:
     """Issue 16's targets missed by the capture's replays (see ``TARGET_EXCHANGES_PER_S``)."""
     misses = []
@@ -895,6 +925,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--no-journal", action="store_true", help="skip the live journal run")
     p.add_argument("--format-exchanges", type=int, help="exchanges per log format (default 6000)")
+    p.add_argument(
+        "--producer-exchanges", type=int,
+        help="exchanges written by the real producers' code (default 400; 0: skip)",
+    )  # fmt: skip
     p.add_argument("--workdir", metavar="DIR", help="keep the capture, logs and reports here")
     p.add_argument("--json", metavar="PATH", help="write every number here")
     p.add_argument("--measure-caps", action="store_true", help=argparse.SUPPRESS)
@@ -910,6 +944,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.journal_requests = 80 if args.quick else 300
     if args.format_exchanges is None:
         args.format_exchanges = 1200 if args.quick else 6000
+    if args.producer_exchanges is None:
+        args.producer_exchanges = 160 if args.quick else 400
     if args.rate <= 0 or args.tenants < 2 or args.journal_requests < 1:
         p.error("--rate must be > 0, --tenants >= 2, --journal-requests >= 1")
     return args
@@ -954,6 +990,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows = replay_ladder(args, workdir, config)
             formats = format_rows(args, workdir, config)
+            producers = producer_rows(args, workdir)
             journal = None if args.no_journal else journal_run(args, workdir, run_config, config)
             caps = caps_in_child()
         except KeyboardInterrupt:
@@ -973,6 +1010,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(formats))
     misses = format_misses(formats)
     for miss in misses:
+        print(f"  ! {miss}")
+    producer_misses = producer_replay_misses(producers)
+    for miss in producer_misses:
         print(f"  ! {miss}")
     if journal is not None:
         print()
@@ -994,6 +1034,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ok = (
         not misses
+        and not producer_misses
         and not targets_missed
         and all(r.error is None and r.findings for r in rows)
         and (journal is None or (journal.returncode in (0, 1) and journal.exchanges > 0))
@@ -1009,6 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
             "commit": commit,
             "replay": [asdict(r) for r in rows],
             "formats": [asdict(r) for r in formats],
+            "producers": [asdict(r) for r in producers],
             "journal": None if journal is None else asdict(journal),
             "caps": caps,
             "targets_missed": targets_missed,
