@@ -219,6 +219,18 @@ class Sim:
         with urllib.request.urlopen(f"{self.url}/_sim/headers/{request_id}", timeout=10) as r:
             return json.loads(r.read())
 
+    def wait_received(self, request_id: str, timeout: float = 60.0) -> None:
+        """Until the simulator has the request ``request_id`` (it is in flight)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.headers(request_id)
+                return
+            except urllib.error.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
     def outcome(self, request_id: str) -> str:
         """How the simulator's stream for ``request_id`` ended: ``complete``, or
         ``aborted after N of M events`` (the proxy or the client went away)."""

@@ -113,13 +113,15 @@ def test_beyond_the_concurrency_limit_clients_are_told_to_retry(limited):
 
 @pytest.fixture
 def timed(tmp_path):
-    with configured(tmp_path, "[limits]\nmax_request_seconds = 1\nidle_timeout_seconds = 1\n") as s:
+    # An idle gap 20 times the trickle's pause: a busy machine does not make it idle.
+    with configured(tmp_path, "[limits]\nmax_request_seconds = 2\nidle_timeout_seconds = 5\n") as s:
         yield s
 
 
 def test_a_body_that_trickles_in_is_408_and_never_reaches_the_engine(timed):
-    """The body in 16-byte pieces every 0.2 s: never idle for the 1 s idle timeout, but
-    longer than max_request_seconds (1 s) in all."""
+    """The body in 16-byte pieces every 0.25 s: never idle for the 5 s idle timeout, but
+    longer than max_request_seconds (2 s) in all (about 3.5 s; a slow machine only makes
+    it longer)."""
     sim, proxy = timed
     body = json.dumps(
         {"model": "m", "messages": [{"role": "user", "content": "hi " * 50}]}
@@ -128,9 +130,9 @@ def test_a_body_that_trickles_in_is_408_and_never_reaches_the_engine(timed):
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()  # fmt: skip
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as s:
         s.sendall(head)
-        for i in range(0, len(body), 16):  # 16 bytes every 0.2 s: never idle for 1 s
+        for i in range(0, len(body), 16):
             s.sendall(body[i : i + 16])
-            time.sleep(0.2)
+            time.sleep(0.25)
         reply = b""
         while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
             chunk = s.recv(65536)
@@ -145,7 +147,7 @@ def test_a_body_that_trickles_in_is_408_and_never_reaches_the_engine(timed):
 
 
 def test_an_engine_that_hangs_mid_stream_is_cut_off(timed):
-    """The simulator stops half way for 30 s; one second of silence closes the
+    """The simulator stops half way for 30 s; five seconds of silence close the
     connection: the client's stream ends early (mitmproxy ends the chunked body, so the
     SDK sees an end without ``[DONE]`` or an error), the engine sees the abort, and the
     exchange is logged as cut short, with its error."""

@@ -9,7 +9,6 @@ import contextlib
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,7 +85,7 @@ def test_sighup_reloads_tenants_and_keeps_open_streams(tmp_path, how):
             )
         )
         slow.start()
-        time.sleep(0.5)
+        sim.wait_received("in-flight")
         cfg.write_text(CONFIG.format(tenant="omega"))
         proc.send_signal(signal.SIGHUP)
         until(log, "config.reloaded", 2)  # the proxy and its detector process
