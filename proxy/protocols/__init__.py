@@ -31,7 +31,8 @@ from typing import Any, Protocol
 
 from proxy.protocols import anthropic, openai, responses
 from proxy.protocols import generate as textgen
-from proxy.protocols.openai import OutputDelta, ParsedRequest, ProtocolError
+from proxy.protocols.openai import OutputDelta, ParsedRequest
+from proxy.protocols.shapes import ProtocolError
 from proxy.protocols.sse import SSEEvent
 
 __all__ = [

@@ -35,15 +35,17 @@ from typing import Any
 import orjson
 
 from proxy.protocols.openai import (
-    MALFORMED,
     OutputDelta,
     ParsedRequest,
+)
+from proxy.protocols.shapes import (
+    MALFORMED,
     ProtocolError,
-    _load_object,
-    _opt_str,
-    _opt_text,
-    _Shape,
+    Shape,
     event_object,
+    load_object,
+    opt_str,
+    opt_text,
     type_of,
 )
 from proxy.protocols.sse import SSEEvent
@@ -97,38 +99,38 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
     Raises :class:`ProtocolError` if the body is not a JSON object, ``messages`` is not a
     list of objects, or a field read here has the wrong type.
     """
-    obj = _load_object(body)
+    obj = load_object(body)
     try:
         pieces: list[str] = []
         model_pieces: list[str] = []
         _content_texts(obj.get("system"), pieces)
         messages = obj.get("messages")
         if not isinstance(messages, list):
-            raise _Shape("'messages' must be a list")
+            raise Shape("'messages' must be a list")
         for message in messages:
             if not isinstance(message, dict):
-                raise _Shape("each message must be an object")
+                raise Shape("each message must be an object")
             _content_texts(message.get("content"), pieces)
             if message.get("role") == "assistant":
                 _content_texts(message.get("content"), model_pieces)
         stream = obj.get("stream")
         if stream is not None and not isinstance(stream, bool):
-            raise _Shape("'stream' must be a boolean")
+            raise Shape("'stream' must be a boolean")
         metadata = obj.get("metadata")
         user = None
         if isinstance(metadata, dict):
-            user = _opt_str(metadata, "user_id")
+            user = opt_str(metadata, "user_id")
         elif metadata is not None:
-            raise _Shape("'metadata' must be an object")
+            raise Shape("'metadata' must be an object")
         return ParsedRequest(
             prompt="\n".join(pieces),
             model_text="\n".join(model_pieces),
             stream=bool(stream),
-            model=_opt_str(obj, "model"),
+            model=opt_str(obj, "model"),
             n=1,
             user=user,
         )
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{kind} request: {exc}") from None
 
 
@@ -136,17 +138,17 @@ def parse_response(kind: str, body: bytes) -> list[OutputDelta]:
     """One :class:`OutputDelta` (choice 0) with the text of a ``message`` body's content
     blocks joined by ``"\\n"``. Raises :class:`ProtocolError` for an error body
     (``{"type": "error", ...}``) or any other shape without a ``content`` list."""
-    obj = _load_object(body)
+    obj = load_object(body)
     try:
         if obj.get("type") == "error":
-            raise _Shape("an error body")
+            raise Shape("an error body")
         content = obj.get("content")
         if not isinstance(content, list):
-            raise _Shape("'content' must be a list")
+            raise Shape("'content' must be a list")
         pieces: list[str] = []
         _content_texts(content, pieces)
         return [OutputDelta(0, "\n".join(pieces))]
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{kind} response: {exc}") from None
 
 
@@ -183,13 +185,13 @@ class StreamParser:
             if kind == "content_block_delta":
                 delta = obj.get("delta")
                 if not isinstance(delta, dict):
-                    raise _Shape("delta")
+                    raise Shape("delta")
                 key = _DELTA_KEYS.get(type_of(delta))
                 return self._text(obj.get("index"), delta.get(key) if key else None)
             if kind == "content_block_start":
                 block = obj.get("content_block")
                 if not isinstance(block, dict):
-                    raise _Shape("content_block")
+                    raise Shape("content_block")
                 key = _MODEL_TEXT_KEYS.get(type_of(block))
                 return self._text(obj.get("index"), block.get(key) if key else None)
             if kind == "message_start":
@@ -205,7 +207,7 @@ class StreamParser:
             elif kind == "error":
                 err = obj.get("error")
                 self.error = err if isinstance(err, dict) else {"message": str(err)}
-        except _Shape:
+        except Shape:
             self.malformed_events += 1
         return []
 
@@ -213,7 +215,7 @@ class StreamParser:
         if text is None or text == "":
             return []
         if not isinstance(text, str):
-            raise _Shape("text")
+            raise Shape("text")
         if self._emitted and index != self._block:
             text = "\n" + text
         self._block = index
@@ -270,17 +272,17 @@ def _content_texts(content: Any, out: list[str]) -> None:
     elif isinstance(content, list):
         for block in content:
             if not isinstance(block, dict):
-                raise _Shape("content blocks must be objects")
+                raise Shape("content blocks must be objects")
             _block_texts(block, out)
     elif content is not None:
-        raise _Shape("'content' must be a string, a list of blocks or null")
+        raise Shape("'content' must be a string, a list of blocks or null")
 
 
 def _block_texts(block: dict[str, Any], out: list[str]) -> None:
     kind = type_of(block)
     key = _MODEL_TEXT_KEYS.get(kind)
     if key is not None:
-        _opt_text(block.get(key), out)
+        opt_text(block.get(key), out)
     elif kind in _TOOL_USE_TYPES:
         tool_input = block.get("input")
         if tool_input:  # {} (nothing yet) and null carry no text
@@ -288,11 +290,11 @@ def _block_texts(block: dict[str, Any], out: list[str]) -> None:
     elif kind in _RESULT_TYPES:
         _content_texts(block.get("content"), out)
     elif kind == "document":
-        _opt_text(block.get("context"), out)
+        opt_text(block.get("context"), out)
         source = block.get("source")
         if isinstance(source, dict):
             if source.get("type") == "text":
-                _opt_text(source.get("data"), out)
+                opt_text(source.get("data"), out)
             elif source.get("type") == "content":
                 _content_texts(source.get("content"), out)
     # Images, redacted thinking, web search results (encrypted) and other blocks: no text.

@@ -55,16 +55,18 @@ import orjson
 from proxy.protocols import openai
 from proxy.protocols.chat_templates import conversation_texts
 from proxy.protocols.openai import (
-    DONE_MARKER,
-    MALFORMED,
     OutputDelta,
     ParsedRequest,
+)
+from proxy.protocols.shapes import (
+    DONE_MARKER,
+    MALFORMED,
     ProtocolError,
-    _load_object,
-    _opt_str,
-    _opt_text,
-    _Shape,
+    Shape,
     event_object,
+    load_object,
+    opt_str,
+    opt_text,
 )
 from proxy.protocols.sse import SSEEvent
 
@@ -110,27 +112,27 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
     Raises :class:`ProtocolError` if the body is not a JSON object, has none of
     ``text``/``input_ids``/``inputs``/``prompt``, or one of them has the wrong type.
     """
-    obj = _load_object(body)
+    obj = load_object(body)
     try:
         if not any(k in obj for k in ("text", "input_ids", "inputs", "prompt")):
-            raise _Shape("no 'text', 'input_ids', 'inputs' or 'prompt'")
+            raise Shape("no 'text', 'input_ids', 'inputs' or 'prompt'")
         pieces: list[str] = []
         prompts = 1
         text = obj.get("text")
         if isinstance(text, list):
             for item in text:
                 if not isinstance(item, str):
-                    raise _Shape("'text' list items must be strings")
+                    raise Shape("'text' list items must be strings")
                 if item:
                     pieces.append(item)
             prompts = max(1, len(text))
         else:
-            _opt_text(text, pieces)
-        _opt_text(obj.get("inputs"), pieces)
-        _opt_text(obj.get("prompt"), pieces)
+            opt_text(text, pieces)
+        opt_text(obj.get("inputs"), pieces)
+        opt_text(obj.get("prompt"), pieces)
         stream = obj.get("stream")
         if stream is not None and not isinstance(stream, bool):
-            raise _Shape("'stream' must be a boolean")
+            raise Shape("'stream' must be a boolean")
         params = obj.get("sampling_params")
         n = params.get("n") if isinstance(params, dict) else None
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -140,11 +142,11 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
             prompt=prompt,
             model_text=model_text,
             stream=kind == GENERATE_STREAM or bool(stream),
-            model=_opt_str(obj, "model"),
+            model=opt_str(obj, "model"),
             n=prompts * n,
             user=None,
         )
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{kind} request: {exc}") from None
 
 
@@ -161,28 +163,28 @@ def parse_response(kind: str, body: bytes) -> list[OutputDelta]:
     except orjson.JSONDecodeError:
         lines = [line for line in body.splitlines() if line.strip()]
         if len(lines) < 2:
-            _load_object(body)  # raises the usual "not valid JSON" error
-        obj = _load_object(lines[-1])
+            load_object(body)  # raises the usual "not valid JSON" error
+        obj = load_object(lines[-1])
     try:
         items = obj if isinstance(obj, list) else [obj]
         out: list[OutputDelta] = []
         for position, item in enumerate(items):
             if not isinstance(item, dict):
-                raise _Shape("each result must be an object")
+                raise Shape("each result must be an object")
             if "error" in item:
-                raise _Shape("an error body")
+                raise Shape("an error body")
             text = item.get("generated_text", item.get("text"))
             if isinstance(text, list):  # vLLM: one string per sequence
                 for i, piece in enumerate(text):
                     if not isinstance(piece, str):
-                        raise _Shape("'text' list items must be strings")
+                        raise Shape("'text' list items must be strings")
                     out.append(OutputDelta(i, piece))
             elif isinstance(text, str):
                 out.append(OutputDelta(_index(item.get("index"), position), text))
             else:
-                raise _Shape("no 'generated_text' or 'text' string")
+                raise Shape("no 'generated_text' or 'text' string")
         return out
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{kind} response: {exc}") from None
 
 

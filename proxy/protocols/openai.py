@@ -23,6 +23,17 @@ import orjson
 
 from proxy.protocols._wire import openai_event_deltas
 from proxy.protocols.chat_templates import conversation_texts
+from proxy.protocols.shapes import (
+    DONE_MARKER,
+    MALFORMED,
+    ProtocolError,
+    Shape,
+    event_object,
+    load_object,
+    opt_str,
+    opt_text,
+    type_of,
+)
 from proxy.protocols.sse import SSEEvent
 
 __all__ = [
@@ -43,47 +54,6 @@ Route = Literal["chat", "completions"]
 # Content-part types whose "text" key is prompt or output text. "input_text"/"output_text" are
 # the Responses-API spellings that some clients and gateways also send to chat completions.
 _TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
-
-
-class ProtocolError(ValueError):
-    """A body that is not the JSON shape the OpenAI API defines.
-
-    The caller should log it and pass the traffic through untouched. Its messages say
-    what is wrong with the shape, never what the body holds.
-    """
-
-    quotes_no_text = True  # for the log (``redaction.error_text``)
-
-
-class _Shape(Exception):
-    """Internal: a value has the wrong type. Becomes ProtocolError or a malformed count."""
-
-
-#: What ``event_object`` returns for an event that holds no JSON object.
-NOTHING, DONE_MARKER, MALFORMED = "nothing", "done", "malformed"
-
-
-def type_of(obj: dict[str, Any]) -> str | None:
-    """An object's ``type`` when it is a string: any other value (a list, a number) names
-    no known kind, and must not reach a set or dict lookup (unhashable)."""
-    kind = obj.get("type")
-    return kind if isinstance(kind, str) else None
-
-
-def event_object(event: SSEEvent, *, done_marker: bool = True) -> dict[str, Any] | str:
-    """The JSON object an SSE event's data holds; else ``NOTHING`` (no data),
-    ``DONE_MARKER`` (``data: [DONE]``, for the APIs that end with it) or ``MALFORMED``.
-    Shared by every API's stream parser."""
-    data = event.data
-    if not data or data.isspace():
-        return NOTHING
-    if done_marker and data[0] != "{" and data.strip() == "[DONE]":
-        return DONE_MARKER
-    try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return MALFORMED
-    return obj if isinstance(obj, dict) else MALFORMED
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,17 +124,17 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
     non-boolean ``stream``, ``n`` that is not a positive integer, a numeric ``content``).
     Unknown fields and unknown content-part types are ignored.
     """
-    obj = _load_object(body)
+    obj = load_object(body)
     try:
         pieces: list[str] = []
         model_pieces: list[str] = []
         if route == "chat":
             messages = obj.get("messages")
             if not isinstance(messages, list):
-                raise _Shape("'messages' must be a list")
+                raise Shape("'messages' must be a list")
             for message in messages:
                 if not isinstance(message, dict):
-                    raise _Shape("each message must be an object")
+                    raise Shape("each message must be an object")
                 _message_texts(message, pieces)
                 if message.get("role") == "assistant":
                     _message_texts(message, model_pieces)
@@ -172,24 +142,24 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
             _prompt_texts(obj.get("prompt"), pieces)
             text, model_text = conversation_texts("\n".join(pieces))
             pieces, model_pieces = [text] if text else [], [model_text]
-            _opt_text(obj.get("suffix"), pieces)
+            opt_text(obj.get("suffix"), pieces)
         stream = obj.get("stream")
         if stream is not None and not isinstance(stream, bool):
-            raise _Shape("'stream' must be a boolean")
+            raise Shape("'stream' must be a boolean")
         n = obj.get("n")
         if n is None:
             n = 1
         elif not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise _Shape("'n' must be a positive integer")
+            raise Shape("'n' must be a positive integer")
         return ParsedRequest(
             prompt="\n".join(pieces),
             model_text="\n".join(model_pieces),
             stream=bool(stream),
-            model=_opt_str(obj, "model"),
+            model=opt_str(obj, "model"),
             n=n,
-            user=_opt_str(obj, "user"),
+            user=opt_str(obj, "user"),
         )
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{route} request: {exc}") from None
 
 
@@ -205,33 +175,33 @@ def parse_response(route: Route, body: bytes) -> list[OutputDelta]:
     Raises :class:`ProtocolError` if the body is not a JSON object with a ``choices`` list of
     well-formed choices. An error body (``{"error": ...}``) is a ProtocolError too.
     """
-    obj = _load_object(body)
+    obj = load_object(body)
     try:
         choices = obj.get("choices")
         if not isinstance(choices, list):
-            raise _Shape("'choices' must be a list")
+            raise Shape("'choices' must be a list")
         out: list[OutputDelta] = []
         for position, choice in enumerate(choices):
             if not isinstance(choice, dict):
-                raise _Shape("each choice must be an object")
+                raise Shape("each choice must be an object")
             index = _choice_index(choice, position)
             pieces: list[str] = []
             if route == "chat":
                 message = choice.get("message")
                 if not isinstance(message, dict):
-                    raise _Shape("choice 'message' must be an object")
+                    raise Shape("choice 'message' must be an object")
                 _message_texts(message, pieces)
                 text = "\n".join(pieces)
             else:
                 if "text" not in choice and isinstance(choice.get("message"), dict):
                     # A chat answer where a completion was asked for: its text is not
                     # where this route reads, and must not pass as an empty answer.
-                    raise _Shape("a completions choice holds a chat 'message', not 'text'")
-                _opt_text(choice.get("text"), pieces)
+                    raise Shape("a completions choice holds a chat 'message', not 'text'")
+                opt_text(choice.get("text"), pieces)
                 text = pieces[0] if pieces else ""
             out.append(OutputDelta(index, text))
         return out
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{route} response: {exc}") from None
 
 
@@ -305,21 +275,21 @@ class StreamParser:
         for position, choice in enumerate(choices):
             try:
                 if not isinstance(choice, dict):
-                    raise _Shape("choice")
+                    raise Shape("choice")
                 index = _choice_index(choice, position)
                 pieces: list[str] = []
                 if chat:
                     delta = choice.get("delta")
                     if delta is not None:
                         if not isinstance(delta, dict):
-                            raise _Shape("delta")
+                            raise Shape("delta")
                         _message_texts(delta, pieces)
                 else:
-                    _opt_text(choice.get("text"), pieces)
+                    opt_text(choice.get("text"), pieces)
                 finish = choice.get("finish_reason")
                 if isinstance(finish, str):
                     self.finish_reasons[index] = finish
-            except _Shape:
+            except Shape:
                 malformed = True
                 continue
             for piece in pieces:
@@ -353,36 +323,10 @@ def error_event(message: str, *, type: str, code: str) -> bytes:
 # allocations on the per-chunk path.
 
 
-def _load_object(body: bytes) -> dict[str, Any]:
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise ProtocolError(f"body is not valid JSON: {exc}") from None
-    if not isinstance(obj, dict):
-        raise ProtocolError(f"body is a JSON {type(obj).__name__}, not an object")
-    return obj
-
-
-def _opt_str(obj: dict[str, Any], key: str) -> str | None:
-    value = obj.get(key)
-    if value is None or isinstance(value, str):
-        return value
-    raise _Shape(f"{key!r} must be a string")
-
-
-def _opt_text(value: Any, out: list[str]) -> None:
-    """Append ``value`` if it is a non-empty string; None is absent; anything else is bad."""
-    if isinstance(value, str):
-        if value:
-            out.append(value)
-    elif value is not None:
-        raise _Shape(f"expected a string, got {type(value).__name__}")
-
-
 def _choice_index(choice: dict[str, Any], position: int) -> int:
     index = choice.get("index", position)
     if not isinstance(index, int) or isinstance(index, bool):
-        raise _Shape("choice 'index' must be an integer")
+        raise Shape("choice 'index' must be an integer")
     return index
 
 
@@ -395,9 +339,9 @@ def _prompt_texts(prompt: Any, out: list[str]) -> None:
             # Token ids (ints, or lists of ints for a batch) are not text; they are not
             # inspected element by element, which could cost a lot for long prompts.
             elif not isinstance(item, int | list):
-                raise _Shape("'prompt' list items must be strings or token ids")
+                raise Shape("'prompt' list items must be strings or token ids")
     else:
-        _opt_text(prompt, out)
+        opt_text(prompt, out)
 
 
 def _content_texts(content: Any, out: list[str]) -> None:
@@ -412,14 +356,14 @@ def _content_texts(content: Any, out: list[str]) -> None:
             elif isinstance(part, dict):
                 kind = type_of(part)
                 if kind in _TEXT_PART_TYPES:
-                    _opt_text(part.get("text"), out)
+                    opt_text(part.get("text"), out)
                 elif kind == "refusal":
-                    _opt_text(part.get("refusal"), out)
+                    opt_text(part.get("refusal"), out)
                 # Other part types (image_url, input_audio, file, ...) carry no text.
             else:
-                raise _Shape("content parts must be objects")
+                raise Shape("content parts must be objects")
     elif content is not None:
-        raise _Shape("'content' must be a string, a list of parts or null")
+        raise Shape("'content' must be a string, a list of parts or null")
 
 
 def _message_texts(message: dict[str, Any], out: list[str]) -> None:
@@ -431,33 +375,33 @@ def _message_texts(message: dict[str, Any], out: list[str]) -> None:
                 out.append(content)
             return
     reasoning = message.get("reasoning_content")
-    _opt_text(reasoning, out)
+    opt_text(reasoning, out)
     alt = message.get("reasoning")
     # Some vLLM versions send the same text under both names during the rename.
     if alt != reasoning:
-        _opt_text(alt, out)
+        opt_text(alt, out)
     _content_texts(message.get("content"), out)
-    _opt_text(message.get("refusal"), out)
+    opt_text(message.get("refusal"), out)
     audio = message.get("audio")
     if isinstance(audio, dict):
-        _opt_text(audio.get("transcript"), out)
+        opt_text(audio.get("transcript"), out)
     tool_calls = message.get("tool_calls")
     if tool_calls is not None:
         if not isinstance(tool_calls, list):
-            raise _Shape("'tool_calls' must be a list")
+            raise Shape("'tool_calls' must be a list")
         for call in tool_calls:
             if not isinstance(call, dict):
-                raise _Shape("each tool call must be an object")
+                raise Shape("each tool call must be an object")
             function = call.get("function")
             if isinstance(function, dict):
-                _opt_text(function.get("arguments"), out)
+                opt_text(function.get("arguments"), out)
             elif function is not None:
-                raise _Shape("tool call 'function' must be an object")
+                raise Shape("tool call 'function' must be an object")
             custom = call.get("custom")
             if isinstance(custom, dict):
-                _opt_text(custom.get("input"), out)
+                opt_text(custom.get("input"), out)
     function_call = message.get("function_call")
     if isinstance(function_call, dict):
-        _opt_text(function_call.get("arguments"), out)
+        opt_text(function_call.get("arguments"), out)
     elif function_call is not None:
-        raise _Shape("'function_call' must be an object")
+        raise Shape("'function_call' must be an object")

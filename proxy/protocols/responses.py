@@ -39,15 +39,17 @@ import orjson
 
 from proxy.protocols import openai
 from proxy.protocols.openai import (
-    MALFORMED,
     OutputDelta,
     ParsedRequest,
+)
+from proxy.protocols.shapes import (
+    MALFORMED,
     ProtocolError,
-    _load_object,
-    _opt_str,
-    _opt_text,
-    _Shape,
+    Shape,
     event_object,
+    load_object,
+    opt_str,
+    opt_text,
     type_of,
 )
 from proxy.protocols.sse import SSEEvent
@@ -112,11 +114,11 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
     Raises :class:`ProtocolError` if the body is not a JSON object, ``input`` is neither a
     string, a list of objects nor absent, or a field read here has the wrong type.
     """
-    obj = _load_object(body)
+    obj = load_object(body)
     try:
         pieces: list[str] = []
         model_pieces: list[str] = []
-        _opt_text(obj.get("instructions"), pieces)
+        opt_text(obj.get("instructions"), pieces)
         items = obj.get("input")
         if isinstance(items, str):
             if items:
@@ -124,22 +126,22 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
         elif isinstance(items, list):
             for item in items:
                 if not isinstance(item, dict):
-                    raise _Shape("each input item must be an object")
+                    raise Shape("each input item must be an object")
                 _item_texts(item, pieces, model_pieces)
         elif items is not None:
-            raise _Shape("'input' must be a string or a list of items")
+            raise Shape("'input' must be a string or a list of items")
         stream = obj.get("stream")
         if stream is not None and not isinstance(stream, bool):
-            raise _Shape("'stream' must be a boolean")
+            raise Shape("'stream' must be a boolean")
         return ParsedRequest(
             prompt="\n".join(pieces),
             model_text="\n".join(model_pieces),
             stream=bool(stream),
-            model=_opt_str(obj, "model"),
+            model=opt_str(obj, "model"),
             n=1,
-            user=_opt_str(obj, "user") or _opt_str(obj, "safety_identifier"),
+            user=opt_str(obj, "user") or opt_str(obj, "safety_identifier"),
         )
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{kind} request: {exc}") from None
 
 
@@ -147,18 +149,18 @@ def parse_response(kind: str, body: bytes) -> list[OutputDelta]:
     """One :class:`OutputDelta` (choice 0): the model-written text of a ``response``
     body's ``output`` items joined by ``"\\n"``. Raises :class:`ProtocolError` for an
     error body or any other shape without an ``output`` list."""
-    obj = _load_object(body)
+    obj = load_object(body)
     try:
         output = obj.get("output")
         if not isinstance(output, list):
-            raise _Shape("'output' must be a list")
+            raise Shape("'output' must be a list")
         pieces: list[str] = []
         for item in output:
             if not isinstance(item, dict):
-                raise _Shape("each output item must be an object")
+                raise Shape("each output item must be an object")
             _item_texts(item, pieces, pieces, output=True)
         return [OutputDelta(0, "\n".join(pieces))]
-    except _Shape as exc:
+    except Shape as exc:
         raise ProtocolError(f"{kind} response: {exc}") from None
 
 
@@ -270,13 +272,13 @@ def _content_texts(content: Any, out: list[str]) -> None:
     elif isinstance(content, list):
         for part in content:
             if not isinstance(part, dict):
-                raise _Shape("content parts must be objects")
+                raise Shape("content parts must be objects")
             key = _PART_KEYS.get(type_of(part))
             if key is not None:
-                _opt_text(part.get(key), out)
+                opt_text(part.get(key), out)
             # input_image, input_file, input_audio, ...: no text.
     elif content is not None:
-        raise _Shape("'content' must be a string, a list of parts or null")
+        raise Shape("'content' must be a string, a list of parts or null")
 
 
 def _item_texts(
@@ -298,9 +300,9 @@ def _item_texts(
         _content_texts(item.get("summary"), pieces)
         _content_texts(item.get("content"), pieces)
     elif kind in ("function_call", "mcp_call"):
-        _opt_text(item.get("arguments"), pieces)
+        opt_text(item.get("arguments"), pieces)
     elif kind == "custom_tool_call":
-        _opt_text(item.get("input"), pieces)
+        opt_text(item.get("input"), pieces)
     elif not output and kind in (
         "function_call_output",
         "custom_tool_call_output",
