@@ -19,9 +19,8 @@ from aiohttp import web
 from conftest import ROOT, TEST_KEY, Sim, free_port, run_mitmdump, run_sim
 
 from proxy.assurance.probe import (
-    Progress,
+    ProbeProgress,
     iban_like,
-    longest_common_run,
     make_request,
     make_tenants,
 )
@@ -88,15 +87,9 @@ def test_iban_checksum() -> None:
         assert int("".join(str(int(c, 36)) for c in moved)) % 97 == 1
 
 
-def test_longest_common_run() -> None:
-    a = ["x", "the", "quick", "brown", "fox", "jumps", "y"]
-    b = ["a", "quick", "brown", "fox", "jumps", "over"]
-    assert longest_common_run(a, b) == (4, 2)
-
-
 def test_progress_plain_when_not_a_terminal() -> None:
     out = io.StringIO()
-    bar = Progress(8, out)
+    bar = ProbeProgress(8, out)
     for i in range(8):
         bar.step(i == 3)
     lines = out.getvalue().splitlines()

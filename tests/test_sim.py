@@ -36,7 +36,7 @@ from proxy.sim.faults import FAULT_KINDS, FaultInjector, extract_entities, luhn_
 from proxy.sim.server import (
     SimConfig,
     generated_prefix,
-    resolve_tenant,
+    sim_tenant,
     start_sim,
     stream_pieces,
 )
@@ -584,10 +584,10 @@ def test_bad_requests_and_info_endpoints(sim: tuple[str, Path]) -> None:
 
 
 def test_tenant_resolution_and_stream_pieces() -> None:
-    assert resolve_tenant({"X-Tenant-ID": "t1", "Authorization": "Bearer k"}, {"user": "u"}) == "t1"
-    assert resolve_tenant({"Authorization": "Bearer k"}, {"user": "u"}) == "k"
-    assert resolve_tenant({}, {"user": "u"}) == "u"
-    assert resolve_tenant({}, {}) == "anonymous"
+    assert sim_tenant({"X-Tenant-ID": "t1", "Authorization": "Bearer k"}, {"user": "u"}) == "t1"
+    assert sim_tenant({"Authorization": "Bearer k"}, {"user": "u"}) == "k"
+    assert sim_tenant({}, {"user": "u"}) == "u"
+    assert sim_tenant({}, {}) == "anonymous"
     text = answer_for(EN_PROMPT)
     pieces = stream_pieces(text, 1, True, random.Random(1))
     assert "".join(pieces) == text

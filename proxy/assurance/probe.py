@@ -322,21 +322,6 @@ def _words(text: str) -> list[str]:
     return [w.casefold() for w in _WORD_RE.findall(text)]
 
 
-def longest_common_run(a: list[str], b: list[str]) -> tuple[int, int]:
-    """(length, start in ``a``) of the longest run of words ``a`` and ``b`` share."""
-    best = (0, 0)
-    prev = [0] * (len(b) + 1)
-    for i, wa in enumerate(a, 1):
-        cur = [0] * (len(b) + 1)
-        for j, wb in enumerate(b, 1):
-            if wa == wb:
-                cur[j] = prev[j - 1] + 1
-                if cur[j] > best[0]:
-                    best = (cur[j], i - cur[j])
-        prev = cur
-    return best
-
-
 def shared_runs(a: list[str], b: list[str], min_len: int) -> list[list[str]]:
     """The stretches of ``a`` covered by runs of at least ``min_len`` words that also
     occur in ``b`` (overlapping runs merged)."""
@@ -541,7 +526,7 @@ class Checker:
 # --- progress ---------------------------------------------------------------------------
 
 
-class Progress:
+class ProbeProgress:
     """A one-line progress bar on a terminal; a few plain lines otherwise."""
 
     def __init__(self, total: int, out: TextIO | None = None, label: str = "requests") -> None:
@@ -649,7 +634,7 @@ class ProbeResult:
         return "no contamination found"
 
 
-def build_engine(config=None) -> tuple[Engine, dict]:
+def probe_engine(config=None) -> tuple[Engine, dict]:
     """A detection engine like the proxy's: the operator's config if given (baseline,
     vocabulary, parameters), else the packaged defaults, with a fresh random key (nothing
     of the probe outlives the run). Returns the engine and the detection settings it
@@ -676,7 +661,7 @@ async def run_probe(
     params: ProbeParams,
     engine: Engine,
     *,
-    progress: Callable[[int], Progress] | None = None,
+    progress: Callable[[int], ProbeProgress] | None = None,
 ) -> ProbeResult:
     """Send the traffic, check every answer, and optionally the determinism sample."""
     if params.tenants < 2:

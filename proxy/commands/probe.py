@@ -35,8 +35,8 @@ def main(args: argparse.Namespace) -> int:
     from proxy.assurance.probe import (
         ProbeError,
         ProbeParams,
-        Progress,
-        build_engine,
+        ProbeProgress,
+        probe_engine,
         probe_record,
         render,
         run_probe,
@@ -58,14 +58,14 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     try:
-        engine, detection = build_engine(load(args.config) if args.config else None)
+        engine, detection = probe_engine(load(args.config) if args.config else None)
     except ConfigError as e:
         print(f"crosstalk probe: {e}", file=sys.stderr)
         return 2
     ident = asyncio.run(identify(args.target, api_key=args.api_key, timeout=10.0))
     engine_line = f"{ident.engine or 'engine not identified'} {ident.version or ''}".strip()
     try:
-        result = asyncio.run(run_probe(params, engine, progress=Progress))
+        result = asyncio.run(run_probe(params, engine, progress=ProbeProgress))
     except ProbeError as e:
         print(f"crosstalk probe: {e}", file=sys.stderr)
         return 2

@@ -185,7 +185,7 @@ def completion_prompt(prompt: Any) -> str:
     return prompt if turns is None else turns
 
 
-def resolve_tenant(headers: Any, body: dict) -> str:
+def sim_tenant(headers: Any, body: dict) -> str:
     """Tenant: X-Tenant-ID header, else the bearer token, else the x-api-key header
     (Anthropic), else body "user" (or Anthropic's "metadata.user_id"), else anonymous."""
     tenant = headers.get("X-Tenant-ID", "").strip()
@@ -445,7 +445,7 @@ async def _read_body(request: web.Request) -> dict:
 def _build_exchange(state: _State, kind: str, request: web.Request, body: dict) -> _Exchange:
     """Parse a request, generate its answers and apply any fault (to choice 0)."""
     request_id = request.headers.get("X-Request-ID", "").strip() or f"sim-{next(state.counter):08d}"
-    tenant = resolve_tenant(request.headers, body)
+    tenant = sim_tenant(request.headers, body)
     state.received[request_id] = body
     state.headers[request_id] = {k.lower(): v for k, v in request.headers.items()}
     while len(state.received) > SENT_RECORDS:

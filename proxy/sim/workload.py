@@ -718,8 +718,3 @@ class Workload:
         question = rng.choice(_DOC_QUESTIONS)
         question = expand(question, rng, self._slots(t)) if "<" in question else question
         return f"{rng.choice(_DOC_INTROS)}\n\n{doc}\n\n{question}"
-
-
-def shared_texts() -> list[str]:
-    """Every text this workload shares between tenants by design (not a leak when repeated)."""
-    return [*SHARED_SYSTEM_PROMPTS, *PUBLIC_DOCUMENTS, *POPULAR_QUESTIONS, *POPULAR_QUESTIONS_CJK]
