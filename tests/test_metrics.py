@@ -214,12 +214,46 @@ def test_scrape_matches_the_traffic(tmp_path: Path):
     }
     assert used and used <= set(samples), used - set(samples)
 
+    # The Grafana dashboard: every query names metrics this scrape has, and every
+    # panel shows a series on this traffic (the shared index's panel: with Redis only).
+    assert_dashboard_shows(samples)
+
     # No text of any prompt or output in any label.
     assert not any(
         "order" in str(lab) or "Tell me" in str(lab)
         for series in samples.values()
         for lab, _ in series
     )
+
+
+_SELECTOR = re.compile(r"\b(crosstalk_[a-z_]+)(?:\{([^}]*)\})?")
+_MATCHER = re.compile(r'(\w+)\s*(=~|=)\s*"([^"]*)"')
+
+
+def series_for(samples: dict, selector: re.Match) -> list[dict]:
+    """The scraped series a PromQL selector (``name{label="v"}``, ``=~``) selects."""
+    name, matchers = selector.group(1), _MATCHER.findall(selector.group(2) or "")
+    return [
+        labels
+        for labels, _ in samples.get(name, [])
+        if all(
+            re.fullmatch(v, labels.get(k, "")) if op == "=~" else labels.get(k) == v
+            for k, op, v in matchers
+        )
+    ]
+
+
+def assert_dashboard_shows(samples: dict) -> None:
+    dashboard = json.loads((ROOT / "config" / "grafana" / "crosstalk.json").read_text())
+    assert dashboard["panels"]
+    for panel in dashboard["panels"]:
+        selectors = [m for t in panel["targets"] for m in _SELECTOR.finditer(t["expr"])]
+        names = {m.group(1) for m in selectors}
+        assert names, panel["title"]
+        if all(n.startswith("crosstalk_index_") for n in names):
+            continue  # with [index] (Redis) only: tests/test_scaleout.py
+        assert names <= set(samples), (panel["title"], names - set(samples))
+        assert any(series_for(samples, m) for m in selectors), f"empty: {panel['title']}"
 
 
 def test_mitmdump_script_option(tmp_path, sim):
