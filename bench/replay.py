@@ -807,6 +807,21 @@ def journal_run(
     )
 
 
+def journal_misses(j: JournalResult) -> list[str]:
+    """What the journal step got wrong: a client error, a replay that failed, nothing
+    logged, or a replay of the journal that does not find what the live run found."""
+    misses = list(j.errors)
+    if j.returncode not in (0, 1):
+        misses.append(f"journal replay exit {j.returncode}")
+    if not j.exchanges:
+        misses.append("the live run logged no exchange")
+    if not j.same_findings:
+        misses.append(
+            f"the journal's replay found {j.replay_findings} leaks, the live run {j.live_findings}"
+        )
+    return misses
+
+
 # --- step 4: what grows with the input, up to a cap ---------------------------------------------
 
 
@@ -1017,8 +1032,8 @@ def main(argv: list[str] | None = None) -> int:
     if journal is not None:
         print()
         print(journal_table(journal))
-        for err in journal.errors:
-            print(f"  ! {err}")
+        for miss in journal_misses(journal):
+            print(f"  ! {miss}")
     print()
     print(
         f"What grows with the input, up to a cap (RSS measured full, in a fresh process): "
@@ -1037,7 +1052,7 @@ def main(argv: list[str] | None = None) -> int:
         and not producer_misses
         and not targets_missed
         and all(r.error is None and r.findings for r in rows)
-        and (journal is None or (journal.returncode in (0, 1) and journal.exchanges > 0))
+        and (journal is None or not journal_misses(journal))
     )
     if args.json:
         doc = {

@@ -1,0 +1,47 @@
+"""The benches' judges fail what misses (issue 44: a bench that prints more than it
+judges passes a broken build). Each judge is given a result that misses one target."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from conftest import bench_module
+
+producer_replay = bench_module("producer_replay")  # puts bench/ on sys.path first
+replay = bench_module("replay")
+
+
+def journal(**changes):
+    good = replay.JournalResult(
+        requests=80, exchanges=80, live_findings=9, segments=1, journal_bytes=1, journal_bytes_uncompressed=1,
+        bytes_per_exchange=1.0, bytes_per_exchange_uncompressed=1.0, replay_wall_s=1.0, replay_cpu_s=1.0,
+        replay_peak_rss_mb=1.0, replayed_seconds=1.0, replay_findings=9, same_findings=True, returncode=1,
+    )  # fmt: skip
+    return dataclasses.replace(good, **changes)
+
+
+def test_the_journal_judge():
+    assert replay.journal_misses(journal()) == []
+    assert replay.journal_misses(journal(same_findings=False, replay_findings=7))
+    assert replay.journal_misses(journal(errors=["client: connection reset"]))
+    assert replay.journal_misses(journal(returncode=2))
+    assert replay.journal_misses(journal(exchanges=0))
+
+
+def producer_row(**changes):
+    good = producer_replay.Row(
+        variant="v", replayable=True, exchanges=400, returncode=1, complete=400, found_of_reference=28,
+        reference=28, relative_recall=1.0, clean_flagged=0, reference_clean_flagged=0, reason="", seconds=1.0,
+    )  # fmt: skip
+    return dataclasses.replace(good, **changes)
+
+
+def test_the_producer_judge():
+    assert producer_replay.misses([producer_row()]) == []
+    assert producer_replay.misses([producer_row(relative_recall=0.9, found_of_reference=25)])
+    assert producer_replay.misses([producer_row(returncode=3)])
+    lacking = producer_row(replayable=False, complete=0, returncode=3, reason="no prompts")
+    assert producer_replay.misses([lacking]) == []
+    assert producer_replay.misses([dataclasses.replace(lacking, returncode=0)])
+    assert producer_replay.misses([dataclasses.replace(lacking, complete=400, returncode=1)])
+    assert producer_replay.misses([dataclasses.replace(lacking, reason="")])
