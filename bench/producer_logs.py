@@ -1,7 +1,7 @@
 """Request logs written by the producers' own logging code, for testing crosstalk's readers.
 
 ``crosstalk replay`` reads the request logs LLM engines and gateways keep (vLLM, SGLang,
-LiteLLM). ``bench/log_writers.py`` writes those formats from their definitions; this
+LiteLLM) and OpenTelemetry GenAI traces. ``bench/log_writers.py`` writes those formats from their definitions; this
 module writes them with the REAL code of pinned releases, so a reader can be tested
 against the lines the engines really write:
 
@@ -19,13 +19,17 @@ against the lines the engines really write:
 - LiteLLM: the pinned package itself (the ``test`` extra), run in-process with
   ``mock_response`` (no server) and a ``CustomLogger`` that writes each call's
   ``StandardLoggingPayload``, as LiteLLM's file and bucket loggers do.
+- OpenTelemetry: the pinned OpenLLMetry instrumentation of the ``openai`` SDK
+  (``opentelemetry-instrumentation-openai``, the ``test`` extra) traces real SDK calls
+  made against a stand-in engine on loopback, and the OTLP exporter's own encoder turns
+  the finished spans into the OTLP/JSON lines the Collector's file exporter writes.
 
 Each function takes the exchanges of a workload (:class:`Exchange`) and writes what the
 producer would have logged for them, lines interleaved by time as a busy server writes
 them (inputs at an exchange's start, outputs at its end, stream deltas in between), and
 returns the files written. Log times are the exchanges' times (local time, as the
 producers' formatters write), except LiteLLM's payload times, which are those of the
-real call.
+real call moved to the exchange's (as are the spans' times).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import sys
 import tempfile
 import threading
 import types
+import urllib.parse
 import uuid
 import warnings
 import zipfile
@@ -62,7 +67,16 @@ from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Required, TypedDict
 
-PINS = {"vllm": "0.33.0", "sglang": "0.5.23", "litellm": "1.110.2"}
+PINS = {
+    "vllm": "0.33.0",
+    "sglang": "0.5.23",
+    "litellm": "1.110.2",
+    # OpenLLMetry: the opentelemetry-instrumentation-openai package
+    "openllmetry": "0.62.4",
+    # the SDK its spans are recorded with, and the OTLP exporters' encoder (same release)
+    "opentelemetry-sdk": "1.45.2",
+    "opentelemetry-exporter-otlp-proto-common": "1.45.2",
+}
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"  # the served model name the requests ask for
 MAX_TOKENS = 512  # the max_tokens every request sends
@@ -1396,3 +1410,388 @@ def _run_coroutine(coroutine: Any) -> None:
     thread.join()
     if errors:
         raise errors[0]
+
+
+# --------------------------------------------------------------------------- OpenTelemetry
+
+OTEL_SERVICE = "support-desk"  # service.name of the application whose calls are traced
+OTEL_ROUTE = "POST /v1/answer"  # its request span, the parent of each LLM call's span
+# the installed distributions behind the pins (PINS' key: distribution name)
+_OTEL_DISTRIBUTIONS = {
+    "openllmetry": "opentelemetry-instrumentation-openai",
+    "opentelemetry-sdk": "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-common": "opentelemetry-exporter-otlp-proto-common",
+}
+_OTEL_LOCK = threading.Lock()  # the instrumentation patches the openai SDK process-wide
+
+
+def _check_otel_pins() -> None:
+    """The installed OpenLLMetry, SDK and OTLP encoder must be the pinned releases."""
+    for pin, distribution in _OTEL_DISTRIBUTIONS.items():
+        try:
+            version = importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            raise RuntimeError(
+                f"{distribution} is not installed (pip install {distribution}=={PINS[pin]})"
+            ) from None
+        if version != PINS[pin]:
+            raise RuntimeError(f"{distribution} {version} is installed, the pin is {PINS[pin]}")
+
+
+class _OpenAIStandIn:
+    """The engine behind the traced calls: an OpenAI-compatible HTTP/1.1 server on
+    127.0.0.1 (a port the kernel picks), serving ``/v1/chat/completions`` and
+    ``/v1/completions``, that answers each request with its exchange's output, whole or
+    as server-sent events (one word a delta, ``[DONE]`` last, chunked transfer encoding),
+    as the request's ``stream`` asks. The exchange is the request's ``X-Request-Id``
+    header; the answer's ``id`` is ``chatcmpl-<id>`` / ``cmpl-<id>``, as vLLM names an
+    answer to a request carrying that header. Token counts are ``token_ids``'."""
+
+    def __init__(self, exchanges: Iterable[Exchange]):
+        import http.server
+
+        by_id = {x.request_id: x for x in exchanges}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # no access log on stderr
+                pass
+
+            def _json(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                x = by_id.get(self.headers.get("X-Request-Id", ""))
+                api = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+                if x is None or api.get(self.path) != x.api:
+                    error = f"no exchange {self.headers.get('X-Request-Id')!r} on {self.path}"
+                    self._json(404, {"error": {"message": error, "type": "not_found"}})
+                    return
+                chat = x.api == "chat"
+                head = {
+                    "id": f"{'chatcmpl' if chat else 'cmpl'}-{x.request_id}",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": int(x.start),
+                    "model": request.get("model", MODEL),
+                }
+                if not request.get("stream"):
+                    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "stop"}
+                    if chat:
+                        choice["message"] = {"role": "assistant", "content": x.output}
+                    else:
+                        choice["text"] = x.output
+                    prompt, completion = len(token_ids(prompt_text(x))), len(token_ids(x.output))
+                    usage = {
+                        "prompt_tokens": prompt,
+                        "completion_tokens": completion,
+                        "total_tokens": prompt + completion,
+                    }
+                    self._json(200, {**head, "choices": [choice], "usage": usage})
+                    return
+                head["object"] = "chat.completion.chunk" if chat else "text_completion"
+
+                def chunk(text: str | None, finish: str | None, first: bool = False) -> dict:
+                    if chat:
+                        delta = {"role": "assistant", "content": ""} if first else {}
+                        if text is not None:
+                            delta["content"] = text
+                        c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                    else:
+                        c = {
+                            "index": 0,
+                            "text": text or "",
+                            "logprobs": None,
+                            "finish_reason": finish,
+                        }
+                    return {**head, "choices": [c]}
+
+                events = [chunk(None, None, first=True)] if chat else []
+                events += [chunk(d, None) for d in word_deltas(x.output)]
+                events.append(chunk(None, "stop"))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for data in [*(json.dumps(e) for e in events), "[DONE]"]:
+                    piece = f"data: {data}\n\n".encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: Any, client_address: Any) -> None:
+                if not isinstance(sys.exception(), ConnectionError):  # not a client gone
+                    super().handle_error(request, client_address)
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def __enter__(self) -> _OpenAIStandIn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join()
+
+
+class _Wraps:
+    """The patches an instrumentation's ``wrap_function_wrapper`` puts in place, and
+    their undoing. OpenLLMetry's ``_uninstrument`` leaves them on: its
+    ``unwrap("openai.resources.chat.completions", "Completions.create")`` reads the
+    module path as a class path and finds nothing to unwrap, so the SDK's methods would
+    stay wrapped (tracing to a provider shut down) and every later ``instrument()``
+    would stack another wrapper on them."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self.module = module
+        self.installed: list[tuple[Any, str, bool, Any, Any]] = []
+
+    @contextlib.contextmanager
+    def recorded(self) -> Iterator[None]:
+        """Record every patch the module's ``wrap_function_wrapper`` makes in the block."""
+        import wrapt
+
+        real = self.module.wrap_function_wrapper
+
+        def recording(target: Any, name: str, wrapper: Any) -> Any:
+            try:
+                parent, attribute, _original = wrapt.resolve_path(target, name)
+            except (AttributeError, ImportError):
+                return real(target, name, wrapper)  # fails as it would have
+            had, before = attribute in vars(parent), vars(parent).get(attribute)
+            patched = real(target, name, wrapper)
+            self.installed.append((parent, attribute, had, before, patched))
+            return patched
+
+        self.module.wrap_function_wrapper = recording
+        try:
+            yield
+        finally:
+            self.module.wrap_function_wrapper = real
+
+    def undo(self) -> None:
+        """Put back what each recorded patch replaced, where the patch is still there."""
+        for parent, attribute, had, before, patched in reversed(self.installed):
+            if vars(parent).get(attribute) is patched:
+                if had:
+                    setattr(parent, attribute, before)
+                else:
+                    delattr(parent, attribute)
+        self.installed.clear()
+
+
+def _otlp_json(request: Any) -> dict[str, Any]:
+    """An ``ExportTraceServiceRequest`` as OTLP/JSON (opentelemetry-proto's "JSON
+    Protobuf Encoding"): protobuf's JSON mapping (``MessageToDict``: lowerCamelCase keys,
+    64-bit integers as strings, default values left out), with the two deviations the
+    encoding requires: trace and span ids (``traceId``, ``spanId``, ``parentSpanId``, in
+    spans and their links) as lowercase hex, not base64, and enum values (``kind``,
+    ``status.code``) as integers, never their names. That is what the Collector's file
+    exporter writes."""
+    import base64
+
+    from google.protobuf import json_format
+
+    out = json_format.MessageToDict(request, use_integers_for_enums=True)
+    for rs in out.get("resourceSpans", []):
+        for ss in rs.get("scopeSpans", []):
+            for span in ss.get("spans", []):
+                for item in (span, *span.get("links", [])):
+                    for key in ("traceId", "spanId", "parentSpanId"):
+                        if key in item:
+                            item[key] = base64.b64decode(item[key]).hex()
+    return out
+
+
+def _retime(request: Any, scope_prefix: str, x: Exchange) -> None:
+    """Move the spans of ``x``'s call (one trace) to ``x``'s time: the GenAI span (the
+    instrumentation's, ``scope_prefix``) to start at ``x.start`` and end at ``x.end``,
+    the events inside it (stream chunks) spread in proportion, and the other spans'
+    margins around it kept as they were."""
+    spans = [
+        span
+        for rs in request.resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+        if ss.scope.name.startswith(scope_prefix)
+    ]
+    if len(spans) != 1:
+        raise RuntimeError(f"{x.request_id}: {len(spans)} GenAI spans, not one")
+    g0, g1 = spans[0].start_time_unix_nano, spans[0].end_time_unix_nano
+    x0, x1 = round(x.start * 1e9), round(x.end * 1e9)
+
+    def at(t: int) -> int:
+        if t <= g0:
+            return x0 - (g0 - t)
+        if t >= g1:
+            return x1 + (t - g1)
+        return x0 + round((t - g0) * (x1 - x0) / (g1 - g0))
+
+    for rs in request.resource_spans:
+        for ss in rs.scope_spans:
+            for span in ss.spans:
+                span.start_time_unix_nano = at(span.start_time_unix_nano)
+                span.end_time_unix_nano = at(span.end_time_unix_nano)
+                for event in span.events:
+                    event.time_unix_nano = at(event.time_unix_nano)
+
+
+def otel_log(
+    exchanges: Iterable[Exchange],
+    path: Path | str,
+    *,
+    capture_content: bool = True,
+    max_attribute_length: int | None = None,
+    tenant_attribute: str = "tenant.id",
+) -> list[Path]:
+    """Write the OpenTelemetry traces of ``exchanges`` as the Collector's file exporter
+    keeps them (``format: json``): OTLP/JSON lines, one ``ExportTraceServiceRequest``
+    (``{"resourceSpans": [...]}``) a line, one line per exchange's trace.
+
+    Each exchange is a real call of the ``openai`` SDK (``chat.completions.create`` or
+    ``completions.create``, streamed or not, read to the end), instrumented by the pinned
+    OpenLLMetry (``OpenAIInstrumentor().instrument(tracer_provider=...)``), against a
+    stand-in engine on loopback (``_OpenAIStandIn``, which answers ``x.output``; the
+    request carries ``X-Request-Id: x.request_id``). The spans are recorded by the pinned
+    SDK (a ``TracerProvider`` of the application, resource ``service.name`` =
+    ``support-desk``, passed to the instrumentation: the process's global provider is
+    neither read nor set), collected by an ``InMemorySpanExporter`` and encoded by the
+    OTLP exporters' own ``encode_spans``; ``_otlp_json`` makes the protobuf OTLP/JSON.
+
+    The tenant, as a deployment puts it on spans (the GenAI conventions define no tenant
+    attribute): the gateway in front of the application sends it as W3C baggage
+    (``baggage: tenant.id=acme``), the application's propagator extracts it into the
+    request's context (the real ``W3CBaggagePropagator``), and a span processor copies
+    that baggage entry onto every span started in the context, the application's
+    request span (``POST /v1/answer``, the parent) and OpenLLMetry's GenAI span alike,
+    as opentelemetry-processor-baggage's ``BaggageSpanProcessor`` does (not installed:
+    the four lines are ``_BaggageAttribute``). ``tenant_attribute`` is the baggage key,
+    so the attribute's name.
+
+    ``capture_content``: OpenLLMetry's ``TRACELOOP_TRACE_CONTENT`` (its default is
+    true); false leaves the prompts and outputs off the spans. ``max_attribute_length``:
+    the SDK's ``SpanLimits(max_attribute_length=...)``
+    (``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``), which cuts longer string attributes, the
+    JSON of the messages included, without a marker; None: no limit (the environment's
+    limits are not read either).
+
+    Calls are made one after another in the order of the exchanges' ends (an exporter
+    writes a span when it ends). The ids, attributes and events are those of the real
+    calls; the times are moved (``_retime``): the GenAI span starts at ``x.start`` and
+    ends at ``x.end``, a streamed chat's chunk events are spread in proportion inside
+    it, and the request span keeps its real margins around it (the calls here run in a
+    moment). Afterwards the SDK is uninstrumented (and unwrapped: ``_Wraps``),
+    OpenLLMetry's ``Config`` and the environment are as they were, and the server is
+    stopped."""
+    path = Path(path)
+    items = sorted(_check(exchanges), key=lambda x: (x.end, x.start))
+    _check_otel_pins()
+    import openai
+    import orjson
+    from opentelemetry import baggage, context
+    from opentelemetry.baggage.propagation import W3CBaggagePropagator
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.instrumentation.openai import OpenAIInstrumentor
+    from opentelemetry.instrumentation.openai.shared.config import Config
+    from opentelemetry.metrics import NoOpMeterProvider
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import SpanLimits, SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    class _BaggageAttribute(SpanProcessor):
+        """The baggage entry ``key`` of the span's context, as a span attribute."""
+
+        def __init__(self, key: str) -> None:
+            self.key = key
+
+        def on_start(self, span: Any, parent_context: Any = None) -> None:
+            value = baggage.get_baggage(self.key, parent_context)
+            if value is not None:
+                span.set_attribute(self.key, str(value))
+
+    limit = SpanLimits.UNSET if max_attribute_length is None else max_attribute_length
+    provider = TracerProvider(
+        resource=Resource.create({"service.name": OTEL_SERVICE}),
+        span_limits=SpanLimits(max_attribute_length=limit, max_span_attribute_length=limit),
+    )
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(_BaggageAttribute(tenant_attribute))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer(OTEL_SERVICE)
+    scope_prefix = "opentelemetry.instrumentation.openai"
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _OTEL_LOCK, _OpenAIStandIn(items) as engine, open(path, "wb") as file:
+        instrumentor = OpenAIInstrumentor()  # a singleton, as every instrumentor
+        if instrumentor.is_instrumented_by_opentelemetry:
+            raise RuntimeError("the openai SDK is already instrumented by OpenLLMetry")
+        config = {k: v for k, v in vars(Config).items() if not k.startswith("__")}
+        saved = os.environ.get("TRACELOOP_TRACE_CONTENT")
+        os.environ["TRACELOOP_TRACE_CONTENT"] = "true" if capture_content else "false"
+        client = openai.OpenAI(base_url=engine.base_url, api_key="sk-app", max_retries=0)
+        wraps = _Wraps(importlib.import_module("opentelemetry.instrumentation.openai.v1"))
+        try:
+            with wraps.recorded():
+                instrumentor.instrument(
+                    tracer_provider=provider, meter_provider=NoOpMeterProvider()
+                )
+            for x in items:
+                incoming = {
+                    "baggage": f"{tenant_attribute}={urllib.parse.quote(x.tenant, safe='')}"
+                }
+                token = context.attach(W3CBaggagePropagator().extract(incoming))
+                try:
+                    with tracer.start_as_current_span(OTEL_ROUTE, kind=SpanKind.SERVER):
+                        common: dict[str, Any] = {
+                            "model": MODEL,
+                            "max_tokens": MAX_TOKENS,
+                            "stream": x.streamed,
+                            "extra_headers": {"X-Request-Id": x.request_id},
+                        }
+                        if x.api == "chat":
+                            response = client.chat.completions.create(
+                                messages=list(x.prompt), **common
+                            )
+                        else:
+                            response = client.completions.create(prompt=x.prompt, **common)
+                        if x.streamed:
+                            for _chunk in response:
+                                pass
+                finally:
+                    context.detach(token)
+                spans = exporter.get_finished_spans()
+                exporter.clear()
+                request = encode_spans(spans)
+                _retime(request, scope_prefix, x)
+                file.write(orjson.dumps(_otlp_json(request)) + b"\n")
+        finally:
+            if instrumentor.is_instrumented_by_opentelemetry:
+                instrumentor.uninstrument()
+            wraps.undo()  # what uninstrument() leaves on the SDK
+            client.close()
+            provider.shutdown()
+            for key, value in config.items():
+                setattr(Config, key, value)
+            if saved is None:
+                os.environ.pop("TRACELOOP_TRACE_CONTENT", None)
+            else:
+                os.environ["TRACELOOP_TRACE_CONTENT"] = saved
+    return [path]

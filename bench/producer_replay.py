@@ -9,7 +9,8 @@ are written twice:
   (``bench/producer_logs.py``, ``PINS``): vLLM at DEBUG and INFO, with and without
   ``--enable-log-outputs`` and ``--max-log-len``; SGLang ``--log-requests`` levels 1-3,
   text and JSON, one host and two hosts merged; LiteLLM's ``StandardLoggingPayload`` from
-  an SDK and from a proxy setup.
+  an SDK and from a proxy setup; OpenLLMetry's OpenTelemetry spans of the ``openai`` SDK
+  (OTLP/JSON, as the Collector's file exporter writes them), with and without content.
 
 Each is replayed by ``crosstalk replay`` (the config's key, a cold engine) with the
 tenant options a user of that log would give (docs/forensics.md). Ground truth is the
@@ -22,7 +23,7 @@ no variant reports every exchange complete while text went unscanned.
     python bench/producer_replay.py [--exchanges 400] [--seed 7] [--workdir DIR] [--json F]
 
 Exit status 0 when every target is met, 1 otherwise. Loopback only (LiteLLM runs with
-``mock_response``: no network).
+``mock_response``, OpenLLMetry's calls go to a stand-in engine on 127.0.0.1: no network).
 """
 
 from __future__ import annotations
@@ -92,6 +93,11 @@ VARIANTS = [
             lambda xs, p: producers.litellm_log(xs, p, setup="sdk")),
     Variant(f"litellm-{producers.PINS['litellm']} proxy (key team)",
             lambda xs, p: producers.litellm_log(xs, p, setup="proxy")),
+    Variant(f"openllmetry-{producers.PINS['openllmetry']}, content on",
+            lambda xs, p: producers.otel_log(xs, p)),
+    Variant(f"openllmetry-{producers.PINS['openllmetry']}, content off",
+            lambda xs, p: producers.otel_log(xs, p, capture_content=False),
+            replayable=False, why_not="no text without content capture"),
 ]  # fmt: skip
 
 
@@ -144,12 +150,14 @@ def reference_capture(xs: list[producers.Exchange], path: Path) -> list[Path]:
 
 
 def workload_id(found: str, known: dict[str, str]) -> str | None:
-    """The workload's request id behind a replayed request id: itself, SGLang's rid, or
-    vLLM's ``cmpl-<tenant>:<id>[-<i>]``."""
+    """The workload's request id behind a replayed request id: itself, SGLang's rid,
+    vLLM's ``cmpl-<tenant>:<id>[-<i>]``, or the answer's ``chatcmpl-<id>`` / ``cmpl-<id>``
+    (the OpenTelemetry spans' ``gen_ai.response.id``: an engine names its answer after
+    the request's ``X-Request-Id``)."""
     if found in known:
         return known[found]
     tail = found.split(":", 1)[-1]
-    for candidate in (tail, re.sub(r"-\d+$", "", tail)):
+    for candidate in (tail, re.sub(r"-\d+$", "", tail), re.sub(r"^(?:chat)?cmpl-", "", found)):
         if candidate in known:
             return known[candidate]
     return None

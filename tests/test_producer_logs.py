@@ -1,6 +1,7 @@
 """bench/producer_logs.py: the harness writes the lines the producers' real logging code
-writes (vLLM 0.33.0, SGLang 0.5.23, the pinned LiteLLM). Only the harness is checked
-here (the line shapes each producer writes), not crosstalk's readers.
+writes (vLLM 0.33.0, SGLang 0.5.23, the pinned LiteLLM and OpenLLMetry). Only the harness
+is checked here (the line shapes each producer writes), not crosstalk's readers, but for
+one replay of OpenLLMetry's spans with a planted leak.
 
 The first run downloads the two wheels (vLLM 336 MB, SGLang 39 MB) into the pip cache
 and extracts a few files into ~/.cache/crosstalk/producers; a download that fails
@@ -320,3 +321,191 @@ def test_litellm_payloads(tmp_path, setup) -> None:
             assert metadata["user_api_key_team_alias"] == x.tenant
             assert metadata["user_api_key_alias"] == f"{x.tenant}-key"
             assert re.fullmatch(r"[0-9a-f]{64}", metadata["user_api_key_hash"])
+
+
+# --------------------------------------------------------------------------- OpenTelemetry
+
+HEX32, HEX16 = re.compile(r"[0-9a-f]{32}"), re.compile(r"[0-9a-f]{16}")
+
+
+def otel_spans(path) -> list[tuple[dict, dict, dict]]:
+    """Every span of an OTLP/JSON file: (span, its attributes as a dict, its scope)."""
+    out = []
+    for line in lines_of(path):
+        export = json.loads(line)
+        assert set(export) == {"resourceSpans"}
+        for rs in export["resourceSpans"]:
+            resource = {a["key"]: a["value"] for a in rs["resource"]["attributes"]}
+            assert resource["service.name"] == {"stringValue": producer_logs.OTEL_SERVICE}
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    attrs = {a["key"]: a["value"] for a in span.get("attributes", [])}
+                    out.append((span, attrs, ss["scope"]))
+    return out
+
+
+def genai_spans(path) -> dict[str, tuple[dict, dict]]:
+    """The GenAI spans of a file by request id (the X-Request-Id the call carried)."""
+    found = {}
+    for span, attrs, scope in otel_spans(path):
+        if "gen_ai.operation.name" in attrs:
+            assert scope == {
+                "name": "opentelemetry.instrumentation.openai.v1",
+                "version": producer_logs.PINS["openllmetry"],
+            }
+            rid = re.search(r"'X-Request-Id': '([^']+)'", attrs["gen_ai.headers"]["stringValue"])
+            found[rid.group(1)] = (span, attrs)
+    return found
+
+
+def test_otel_spans_hold_the_calls(tmp_path) -> None:
+    import openai
+
+    environ = dict(os.environ)
+    methods = [
+        openai.resources.chat.completions.Completions.create,
+        openai.resources.completions.Completions.create,
+    ]
+    [path] = producer_logs.otel_log(EXCHANGES, tmp_path / "otel.jsonl")
+    # one line per exchange's trace, in the order the calls ended
+    assert len(lines_of(path)) == 4
+    spans = otel_spans(path)
+    assert len(spans) == 8  # the application's request span and OpenLLMetry's
+    for span, _attrs, _scope in spans:
+        assert HEX32.fullmatch(span["traceId"]) and HEX16.fullmatch(span["spanId"])
+        assert int(span["startTimeUnixNano"]) <= int(span["endTimeUnixNano"])
+        assert isinstance(span["kind"], int)  # OTLP/JSON: enums as integers
+    parents = {s["spanId"]: (s, a) for s, a, scope in spans if scope["name"] == "support-desk"}
+    genai = genai_spans(path)
+    assert set(genai) == {x.request_id for x in EXCHANGES}
+    for x in EXCHANGES:
+        span, attrs = genai[x.request_id]
+        assert span["kind"] == 3  # SPAN_KIND_CLIENT
+        assert attrs["tenant.id"] == {"stringValue": x.tenant}
+        parent, parent_attrs = parents[span["parentSpanId"]]
+        assert parent["traceId"] == span["traceId"] and parent["name"] == "POST /v1/answer"
+        assert parent_attrs["tenant.id"] == {"stringValue": x.tenant}
+        # the call's span is moved to the exchange's time, its parent around it
+        assert int(span["startTimeUnixNano"]) == round(x.start * 1e9)
+        assert int(span["endTimeUnixNano"]) == round(x.end * 1e9)
+        assert int(parent["startTimeUnixNano"]) <= int(span["startTimeUnixNano"])
+        assert attrs["gen_ai.operation.name"]["stringValue"] == (
+            "chat" if x.api == "chat" else "text_completion"
+        )
+        assert attrs["gen_ai.is_streaming"] == {"boolValue": x.streamed}
+        prefix = "chatcmpl" if x.api == "chat" else "cmpl"
+        assert attrs["gen_ai.response.id"] == {"stringValue": f"{prefix}-{x.request_id}"}
+        outputs = json.loads(attrs["gen_ai.output.messages"]["stringValue"])
+        assert outputs == [
+            {
+                "role": "assistant",
+                "parts": [{"content": x.output, "type": "text"}],
+                "finish_reason": "stop",
+            }
+        ]
+        inputs = json.loads(attrs["gen_ai.input.messages"]["stringValue"])
+        texts = [p["content"] for m in inputs for p in m["parts"]]
+        if x.api == "chat":
+            assert texts == [m["content"] for m in x.prompt]
+        else:
+            assert texts == [x.prompt]
+        # a streamed chat: one event per chunk, no text in them
+        chunks = span.get("events", [])
+        if x.streamed and x.api == "chat":
+            assert chunks and {e["name"] for e in chunks} == {"gen_ai.content.completion.chunk"}
+            assert all(x.start * 1e9 <= int(e["timeUnixNano"]) <= x.end * 1e9 for e in chunks)
+        else:
+            assert not chunks
+    # the process as it was: environment, no instrumentation left on the SDK
+    assert dict(os.environ) == environ
+    assert methods == [
+        openai.resources.chat.completions.Completions.create,
+        openai.resources.completions.Completions.create,
+    ]
+
+
+def test_otel_without_content_capture(tmp_path) -> None:
+    [path] = producer_logs.otel_log(EXCHANGES, tmp_path / "otel.jsonl", capture_content=False)
+    text = path.read_text()
+    for x in EXCHANGES:
+        assert x.output not in text
+        assert producer_logs.prompt_text(x) not in text
+        for m in x.prompt if isinstance(x.prompt, list) else []:
+            assert m["content"] not in text
+    genai = genai_spans(path)
+    assert len(genai) == 4
+    for x in EXCHANGES:
+        _span, attrs = genai[x.request_id]
+        assert attrs["tenant.id"] == {"stringValue": x.tenant}
+        assert "gen_ai.input.messages" not in attrs and "gen_ai.output.messages" not in attrs
+
+
+def test_otel_attribute_limit_and_tenant_attribute(tmp_path) -> None:
+    [path] = producer_logs.otel_log(
+        EXCHANGES,
+        tmp_path / "otel.jsonl",
+        max_attribute_length=40,
+        tenant_attribute="enduser.id",
+    )
+    for _span, attrs, _scope in otel_spans(path):
+        assert "tenant.id" not in attrs and "enduser.id" in attrs
+        for value in attrs.values():
+            assert len(value.get("stringValue", "")) <= 40
+    for x in EXCHANGES:
+        _span, attrs = genai_spans_by_response(path)[x.request_id]
+        cut = attrs["gen_ai.output.messages"]["stringValue"]
+        assert len(cut) == 40 and cut.startswith('[{"role": "assistant", "parts": [')
+
+
+def genai_spans_by_response(path) -> dict[str, tuple[dict, dict]]:
+    """The GenAI spans by request id, from ``gen_ai.response.id`` (``gen_ai.headers`` is
+    cut too under a small attribute length limit)."""
+    found = {}
+    for span, attrs, _scope in otel_spans(path):
+        if "gen_ai.response.id" in attrs:
+            rid = re.sub(r"^(?:chat)?cmpl-", "", attrs["gen_ai.response.id"]["stringValue"])
+            found[rid] = (span, attrs)
+    return found
+
+
+def test_otel_replay_finds_a_planted_leak(tmp_path) -> None:
+    """crosstalk replay on OpenLLMetry's spans: tenant B's answer repeating tenant A's
+    private prompt sentence is found, with A as its source."""
+    producer_replay = bench_module("producer_replay")
+    secret = (
+        "Please wire 4,218,730.55 to account NO93 8601 1117 947 for the Halvorsen merger "
+        "and copy ingrid.halvorsen@krenner-logistics.no before the audit on 14 March."
+    )
+    xs = [
+        Exchange(
+            "acme",
+            "req-acme-0100",
+            "chat",
+            [{"role": "user", "content": f"Draft a short reply to our bank. {secret}"}],
+            "Dear bank, we confirm the transfer as instructed. Kind regards.",
+            True,
+            T0,
+            T0 + 2,
+        ),
+        Exchange(
+            "globex",
+            "req-globex-0100",
+            "completions",
+            "Explain what a heap is in one paragraph:",
+            f" A heap is a tree kept in an array. {secret}",
+            False,
+            T0 + 5,
+            T0 + 7,
+        ),
+        *EXCHANGES,
+    ]
+    [path] = producer_logs.otel_log(xs, tmp_path / "otel.jsonl")
+    code, summary, events, stderr = producer_replay.replay([path], tmp_path, "otel", ())
+    assert code == 1, stderr
+    assert summary["exchanges"] == 6 and summary["per_input"][0]["complete"] == 6
+    assert summary["per_input"][0]["format"] == "otel"
+    leaks = [e for e in events if e.get("event") == "leak.detected"]
+    assert leaks
+    assert {(e["tenant"], e["source_tenant"]) for e in leaks} == {("globex", "acme")}
+    assert {e["request_id"] for e in leaks} == {"cmpl-req-globex-0100"}
+    assert {e["source_request_id"] for e in leaks} == {"chatcmpl-req-acme-0100"}

@@ -56,8 +56,9 @@ OTEL_TENANT = (
     "and user.id were looked for): give --tenant-from ATTRIBUTE"
 )
 NO_CONTENT = (
-    "the instrumentation captured no message content (opt-in, e.g. "
-    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)"
+    "the instrumentation captured no message content (opt-in: "
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true for the OpenTelemetry "
+    "contrib instrumentations, TRACELOOP_TRACE_CONTENT=true for OpenLLMetry)"
 )
 
 
