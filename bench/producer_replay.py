@@ -205,6 +205,8 @@ def run(args: argparse.Namespace, workdir: Path) -> list[Row]:
           f"{len(flagged(events, known) - faulted)} clean flagged")  # fmt: skip
     rows = []
     for i, v in enumerate(VARIANTS):
+        if getattr(args, "only", None) and args.only not in v.name:
+            continue
         t0 = time.monotonic()
         files = v.write(xs, workdir / f"v{i}.log")
         code, summary, events, stderr = replay(files, workdir, f"v{i}", v.replay_args)
@@ -250,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--leak-rate", type=float, default=0.1)
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--only", default=None, help="the variants whose name holds this text")
     args = p.parse_args(argv)
     os.environ.setdefault("TZ", "UTC")
     time.tzset()

@@ -74,3 +74,30 @@ def test_vllm_info_outputs_are_scanned_without_their_prompts(tmp_path):
     assert any(
         "DEBUG" in str(e.get("reason")) for e in events if e.get("event") == "replay.not_scannable"
     )
+
+
+def test_openllmetry_completions_replay_as_completions(tmp_path):
+    """OpenLLMetry logs a completions call's prompt as one user message: replayed on the
+    chat route, a prompt holding a rendered chat template would be read as one user
+    turn, not as the conversation the proxy reads live (seed 7 flagged two answers to
+    the same question that way)."""
+    import json
+
+    from proxy.forensics.otel import span_exchange
+
+    producer_logs = producer_replay.producers
+    prompt = "<|im_start|>user\nWhat is a heap?<|im_end|>\n<|im_start|>assistant\n"
+    xs = [producer_logs.Exchange("acme", "req-a", "completions", prompt, "A tree.", False,
+                                 1_764_930_000.0, 1_764_930_001.0)]  # fmt: skip
+    (path,) = producer_logs.otel_log(xs, tmp_path / "otel.jsonl")
+    spans = [
+        (span, rs.get("resource", {}))
+        for line in path.read_text().splitlines()
+        for rs in json.loads(line)["resourceSpans"]
+        for ss in rs["scopeSpans"]
+        for span in ss["spans"]
+    ]
+    exchanges = [x for s, _ in spans if (x := span_exchange(s, {})) is not None]
+    assert [(x.path, x.request, x.response["choices"][0]["text"]) for x in exchanges] == [
+        ("/v1/completions", {"prompt": prompt}, "A tree.")
+    ]

@@ -216,13 +216,24 @@ def span_exchange(
             {"index": i, "message": {"role": "assistant", "content": m["content"]}}
             for i, m in enumerate(outputs)
         ]}  # fmt: skip
+    path = "/v1/chat/completions"
+    if attrs.get("gen_ai.operation.name") == "text_completion" and not system and inputs:
+        # A completions call (OpenLLMetry logs its prompt as one user message): replayed
+        # as one, so that a rendered chat template in the prompt is read as the proxy
+        # reads it live.
+        path = "/v1/completions"
+        request = {"prompt": "\n".join(m["content"] for m in inputs)}
+        if response is not None:
+            response = {"choices": [
+                {"index": c["index"], "text": c["message"]["content"]} for c in response["choices"]
+            ]}  # fmt: skip
     view = {**attrs, **{f"resource.{k}": v for k, v in resource.items()},
             "trace_id": span.get("traceId"), "span_id": span.get("spanId")}  # fmt: skip
     request_id = attrs.get("gen_ai.response.id") or span.get("spanId")
     return LoggedExchange(
         time=begin,
         end=max(begin, end),
-        path="/v1/chat/completions",
+        path=path,
         request=request,
         response=response,
         request_id=str(request_id) if request_id else None,
