@@ -101,3 +101,31 @@ def test_openllmetry_completions_replay_as_completions(tmp_path):
     assert [(x.path, x.request, x.response["choices"][0]["text"]) for x in exchanges] == [
         ("/v1/completions", {"prompt": prompt}, "A tree.")
     ]
+
+
+def test_sglang_lines_without_a_time_keep_their_order_and_say_so(tmp_path):
+    """SGLang's received_time is the host's perf_counter: with the lines' own times cut
+    off (a log shipper that keeps only the message), it still orders the file's
+    requests, the leak is found, and every exchange says its time is approximate."""
+    import re
+
+    producer_logs = producer_replay.producers
+    secret = (
+        "Wire 4,218,730.55 to NO93 8601 1117 947 and copy ingrid.halvorsen@krenner-logistics.no."
+    )
+    t0 = 1_764_930_000.0
+    xs = [
+        producer_logs.Exchange("acme", "req-a", "completions", f"Note: {secret}", "Noted.",
+                               False, t0, t0 + 2),
+        producer_logs.Exchange("globex", "req-g", "completions", "What is a heap?",
+                               f"A heap is a tree. {secret}", False, t0 + 5, t0 + 7),
+    ]  # fmt: skip
+    (path,) = producer_logs.sglang_log(xs, tmp_path / "sglang.log", level=3)
+    stripped = tmp_path / "stripped.log"
+    stripped.write_text(re.sub(r"(?m)^\[[^\]]+\] ", "", path.read_text()))
+    code, summary, events, stderr = producer_replay.replay([stripped], tmp_path, "stripped", ())
+    leaks = [e for e in events if e.get("event") == "leak.detected"]
+    assert code == 1, stderr[-1500:]
+    assert {(e["tenant"], e["source_tenant"]) for e in leaks} == {("globex", "acme")}
+    assert summary["skipped"] == 0 and summary["partial"] == 2
+    assert all("time approximate" in " ".join(e["partial_text"]) for e in leaks)

@@ -208,8 +208,10 @@ def sglang_exchange(
     received: _Open | None,
     end: float,
     source: InputFile,
+    time_guessed: bool = False,
 ) -> LoggedExchange:
-    """One SGLang request from its Finish line (``finished``) and, when seen, its Receive."""
+    """One SGLang request from its Finish line (``finished``) and, when seen, its Receive;
+    ``time_guessed``: its lines had no wall-clock time (``HostClock.guess``)."""
     fields = finished if finished is not None else received.fields  # type: ignore[union-attr]
     obj = fields.get("obj") if isinstance(fields.get("obj"), dict) else {}
     first = (
@@ -218,6 +220,12 @@ def sglang_exchange(
         else {}
     )
     partial: list[str] = []
+    if time_guessed:
+        partial.append(
+            "time approximate: the log lines hold no wall-clock time; received_time "
+            "(the host's perf_counter) orders this file's requests, and the file's "
+            "modification time places them among other inputs"
+        )
     prompt = _sglang_texts(obj.get("text") if obj.get("text") is not None else first.get("text"),
                            "prompt", partial)  # fmt: skip
     out = fields.get("out")
@@ -287,8 +295,24 @@ class HostClock:
             low, high = stamp - relative, stamp + grain - relative
         self.low, self.high = low, high
 
+    @property
+    def anchored(self) -> bool:
+        return self.low > -math.inf
+
+    def guess(self, anchor: float, relative: float) -> None:
+        """No line time to learn from: take ``anchor`` (the file's modification time)
+        for the time of the first relative reading, which keeps the file's own order."""
+        self.low = self.high = anchor - relative
+
     def at(self, relative: float) -> float:
         return relative + (self.low + self.high) / 2
+
+
+def _file_time(source: InputFile) -> float:
+    try:
+        return source.path.stat().st_mtime
+    except OSError:
+        return time.time()
 
 
 def _relative_received_time(fields: dict[str, Any]) -> float | None:
@@ -301,6 +325,7 @@ def _relative_received_time(fields: dict[str, Any]) -> float | None:
 
 def read_sglang(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
     clock = HostClock()
+    guessed = False  # the clock was never given a line time
 
     def step(
         line: str, position: str, pairing: _Pairing, src: InputFile
@@ -310,11 +335,18 @@ def read_sglang(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
             return None, []
         event, when, fields = parsed
         rid = str(fields.get("rid"))
+        nonlocal guessed
         relative = _relative_received_time(fields)
         if when is None:
             when = _epoch_received_time(fields)
         elif relative is not None and event == "received":
             clock.learn(when, relative)
+            guessed = False
+            when = clock.at(relative)
+        if when is None and relative is not None:
+            if not clock.anchored:
+                clock.guess(_file_time(src), relative)
+                guessed = True
             when = clock.at(relative)
         if event == "received":
             if when is None:
@@ -329,12 +361,12 @@ def read_sglang(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
         latency = field_at(
             out[0] if isinstance(out, list) and out else out, "meta_info.e2e_latency"
         )
-        if relative is not None and clock.low > -math.inf and isinstance(latency, int | float):
+        if relative is not None and clock.anchored and isinstance(latency, int | float):
             end = clock.at(relative) + seconds(latency, "e2e_latency")  # finer than the stamp
-        return end, [sglang_exchange(fields, received, end, src)]
+        return end, [sglang_exchange(fields, received, end, src, guessed)]
 
     def unanswered(_rid: str, opened: _Open) -> LoggedExchange:
-        return sglang_exchange(None, opened, opened.time, source)
+        return sglang_exchange(None, opened, opened.time, source, guessed)
 
     return _read_paired(source, on_skip, step, unanswered)
 
