@@ -245,3 +245,18 @@ def test_plain_organisations_and_lists_are_not_keys(prompt):
     answer(e, "acme", "src-1", prompt, "We will look into it.", T0)
     output = "The support group visits Paris, London and Berlin."
     assert answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1) == []
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "How do I file the annual report for my Delaware LLC?",
+        "Your LLC must file its report by June.",
+        "Ask Smith, Jones and Okonkwo about the lease.",  # plain names: no head key
+    ],
+)
+def test_kinds_of_company_and_plain_heads_are_not_keys(prompt):
+    e = engine()
+    answer(e, "acme", "src-1", prompt, "We will look into it.", T0)
+    output = "A Delaware LLC files once a year; your LLC can ask Smith, Jones or a lawyer."
+    assert answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1) == []

@@ -692,7 +692,10 @@ class ResponseScan(_core.ScanFields):
         self, state: _ChoiceState, choice: int, matches: list[tuple[int, int, str]]
     ) -> list[Finding]:
         """Entities the choice's stream met, ``(start, end, entity id)``: recorded with
-        the feed they came in, and judged."""
+        the feed they came in, and judged. A firm the victim's own prompt names is
+        dropped before it is recorded, so that a replay of the records agrees."""
+        if matches and self.engine.config.case_identifiers:
+            matches = [m for m in matches if not self._names_own_company(state, *m)]
         state.matches.extend((*m, len(state.batches)) for m in matches)
         return self._entity_findings(choice, matches)
 
@@ -1171,8 +1174,6 @@ class ResponseScan(_core.ScanFields):
                 entity_id in self.engine.model_names or entity_id in self.own_model_names
             ):
                 continue  # a name models write: nobody's, even when a prompt holds it
-            if owner.kind == "name" and self._names_own_company(entity_id):
-                continue
             sources = self._entity_sources(owner, is_canary)
             if not sources:
                 self._echoed_entities.add(entity_id)
@@ -1199,11 +1200,14 @@ class ResponseScan(_core.ScanFields):
         self.findings += found
         return found
 
-    def _names_own_company(self, entity_id: str) -> bool:
-        """Whether a company key ("apple inc") has its name in this request's own prompt
-        ("my Apple laptop"): the model naming the firm its customer asked about, not
-        another tenant's dealings with it."""
-        head = company_head(self.engine.entities.key_text(entity_id))
+    def _names_own_company(self, state: _ChoiceState, start: int, end: int, entity_id: str) -> bool:
+        """Whether a matched company key ("apple inc", the folded output at the match)
+        has its name in this request's own prompt ("my Apple laptop"): the model naming
+        the firm its customer asked about, not another tenant's dealings with it."""
+        owner = self.engine.entities.table.get(entity_id)
+        if owner is None or owner.kind != "name" or state.entities is None:
+            return False
+        head = company_head(state.entities.text[start:end])
         return head is not None and all(
             h in self.own_units for h in self.engine.hasher.units(unit_texts(head))
         )

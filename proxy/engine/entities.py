@@ -434,10 +434,6 @@ class EntityIndex(EntityIndexFields):
         if not owner.pinned:
             self._by_time.append(untracked((now, entity_id, tenant)))
 
-    def key_text(self, entity_id: str) -> str:
-        """The folded text of a live entity's key ("" once it has expired)."""
-        return self._texts.get(entity_id, "")
-
     def expire(self, older_than: float) -> int:
         """Forget uses older than ``older_than``, oldest first (amortised: each use is
         looked at once); returns entities dropped. The automata still hold dropped keys
@@ -595,6 +591,15 @@ _ORGANISATION = re.compile(rf"\b([A-Z][a-z'’]+) (?:{'|'.join(_ORGANISATION_WOR
 # its head too ("Davis, Coleman"): a model cuts it as it cuts a compound.
 _FIRM_OF_THREE = re.compile(r"\b([A-Z][a-z'’]+), ([A-Z][a-z'’]+),? (?:and|&) ([A-Z][a-z'’]+)\b")
 _FOLDED_FORMS = frozenset(form.lower() for form in (*_LEGAL_FORMS, *_ORGANISATION_WORDS))
+# Words that stand before a legal form without naming a firm: "Your LLC must file", "a
+# Delaware LLC", "a Single-Member LLC", "a Swiss AG" (kinds of company, not one).
+_NOT_A_FIRM = frozenset((
+    "your", "my", "our", "their", "his", "her", "its", "the", "a", "an", "this", "that",
+    "these", "each", "every", "any", "no", "new", "single", "single-member", "multi-member",
+    "member", "series", "public", "private", "limited", "holding", "parent", "shell",
+    "delaware", "nevada", "wyoming", "texas", "florida", "california", "york", "swiss",
+    "german", "british", "english", "american", "french", "dutch", "irish", "uk", "us", "eu",
+))  # fmt: skip
 CASE_KINDS = frozenset({"reference", "amount", "name"})
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
 COMPOUND_HEAD_LETTERS = 3
@@ -664,7 +669,7 @@ def iter_case_keys(
         if free(*m.span()) and not common(m.group(1)):
             yield "name", fold(m.group(0))
     for m in _COMPANY.finditer(text):
-        if free(*m.span()):
+        if free(*m.span()) and fold(m.group(0).rpartition(" ")[0]) not in _NOT_A_FIRM:
             yield "name", fold(m.group(0))
     for m in _ORGANISATION.finditer(text):
         if free(*m.span()) and not common(m.group(1)):
@@ -672,7 +677,8 @@ def iter_case_keys(
     for m in _FIRM_OF_THREE.finditer(text):
         if free(*m.span()) and not all(map(common, m.groups())):
             yield "name", fold(m.group(0))
-            yield "name", fold(f"{m.group(1)}, {m.group(2)}")
+            if not (common(m.group(1)) and common(m.group(2))):  # a head of plain names
+                yield "name", fold(f"{m.group(1)}, {m.group(2)}")  # is anyone's list
 
 
 def company_head(key: str) -> str | None:
