@@ -287,13 +287,18 @@ class HostClock:
     def __init__(self) -> None:
         self.low = -math.inf
         self.high = math.inf
+        self.last = -math.inf  # the latest relative reading
 
     def learn(self, stamp: float, relative: float) -> None:
         grain = 1.0 if stamp == math.floor(stamp) else 0.001
         low, high = max(self.low, stamp - relative), min(self.high, stamp + grain - relative)
-        if low > high:  # a restart: perf_counter began again
+        if relative < self.last:  # a restart: perf_counter began again
             low, high = stamp - relative, stamp + grain - relative
-        self.low, self.high = low, high
+        elif low > high:
+            # A line written a moment after its reading, across a second's edge (a busy
+            # host): it bounds nothing new; keep what the other lines say.
+            low, high = self.low, self.high
+        self.low, self.high, self.last = low, high, relative
 
     @property
     def anchored(self) -> bool:
@@ -303,6 +308,7 @@ class HostClock:
         """No line time to learn from: take ``anchor`` (the file's modification time)
         for the time of the first relative reading, which keeps the file's own order."""
         self.low = self.high = anchor - relative
+        self.last = relative
 
     def at(self, relative: float) -> float:
         return relative + (self.low + self.high) / 2
@@ -529,8 +535,8 @@ def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
         if requests is None or requests.pairing is not pairing:
             requests = _VllmRequests(pairing)
         m = _marker(_VLLM_LINE, line)
-        if m is None:
-            return None, []
+        if m is None or (m.group("details") and m.group("sep") != " details:"):
+            return None, []  # "Request timeout: ..." and the like: not a request line
         when = clock.at(line, m.start())
         request_id = m.group("id")
         fields = vllm_fields(line[m.end() :])
@@ -538,8 +544,6 @@ def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
             if isinstance(fields.get(name), pyrepr.Opaque):
                 raise ValueError(f"{name} is not a string: the line is cut short?")
         if not m.group("generated"):
-            if m.group("details") and m.group("sep") != " details:":
-                return None, []
             requests.open(request_id, when, position, fields)
             return when, []
         found = requests.find(request_id)
@@ -595,8 +599,9 @@ def infer_vllm_limit(source: InputFile) -> int | None:
 
 
 def _text_lengths(source: InputFile) -> dict[int, int]:
-    """How many logged prompts and outputs (32 characters or more) have each length."""
-    lengths: dict[int, int] = {}
+    """How many distinct logged prompts and outputs (32 characters or more) have each
+    length (a retried request's prompt, logged twice, ties with nothing)."""
+    texts: dict[int, set[int]] = {}
     for _number, _start, raw in numbered_lines(source):
         line = raw.decode("utf-8", "replace")
         m = _marker(_VLLM_LINE, line)
@@ -613,8 +618,8 @@ def _text_lengths(source: InputFile) -> dict[int, int]:
             continue
         for name in ("prompt", "output"):
             if isinstance(text := fields.get(name), str) and len(text) >= 32:
-                lengths[len(text)] = lengths.get(len(text), 0) + 1
-    return lengths
+                texts.setdefault(len(text), set()).add(hash(text))
+    return {length: len(distinct) for length, distinct in texts.items()}
 
 
 # -- both --------------------------------------------------------------------------------

@@ -106,10 +106,16 @@ def litellm_record(
 
 
 def _joined(messages: list) -> str:
-    """The text of logged messages, one a line (a text call's prompt)."""
-    texts = [m.get("content") for m in messages if isinstance(m, dict)]
-    if len(texts) != len(messages) or not all(isinstance(t, str) for t in texts):
-        raise ValueError("a text call's messages must be objects with string content")
+    """The text of logged messages, one a line (a text call's prompt): string contents
+    and the ``text`` of content parts; anything else holds no prompt text."""
+    texts = []
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else message
+        parts = content if isinstance(content, list) else [content]
+        for part in parts:
+            text = part.get("text") if isinstance(part, dict) else part
+            if isinstance(text, str) and text:
+                texts.append(text)
     return "\n".join(texts)
 
 
