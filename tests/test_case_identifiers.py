@@ -260,3 +260,14 @@ def test_kinds_of_company_and_plain_heads_are_not_keys(prompt):
     answer(e, "acme", "src-1", prompt, "We will look into it.", T0)
     output = "A Delaware LLC files once a year; your LLC can ask Smith, Jones or a lawyer."
     assert answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1) == []
+
+
+def test_a_person_in_the_victims_prompt_does_not_excuse_a_firm_of_that_name():
+    """The victim's own prompt names a "Jessica Miller": the firm "Miller Inc" of
+    another tenant's prompt is still that tenant's (held-out seed 6 missed it)."""
+    e = engine()
+    answer(e, "acme", "src-1", "Our auditors at Miller Inc need the ledger.", "Noted.", T0)
+    own = "Q: I write for my mother, Jessica Miller. How do I reset her password?\nA:"
+    output = "Reply from the Miller Inc. customer service team: we reset it."
+    found = answer(e, "globex", "v-1", own, output, T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]

@@ -45,6 +45,7 @@ from proxy.engine.entities import (
     iter_case_keys,
     iter_entity_keys,
     iter_model_names,
+    name_words,
     public_number_texts,
 )
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnowed
@@ -365,6 +366,10 @@ class Engine(_core.EngineClock):
         )
         yield
         scan = yield from self._observe(record, hashes, model_hashes, texts)
+        if self.config.entities and self.config.case_identifiers:
+            scan.own_name_units = frozenset(
+                self.hasher.units(unit_texts(" ".join(name_words(text))))
+            )
         self._open_scan(scan.slot, seq)
         return scan
 
@@ -675,6 +680,9 @@ class ResponseScan(_core.ScanFields):
         #: Names in the prompt's earlier assistant turns: the conversation's own, which
         #: this answer may repeat whoever else holds them.
         self.own_model_names = {i for kind, i in prompt.entities if kind == MODEL_NAME}
+        #: Unit hashes of the prompt's words that are part of a name ("Miller" of
+        #: "Jessica Miller"): such a word does not name a firm the victim asked about.
+        self.own_name_units: frozenset[int] = frozenset()
         # engine, _choices (choice -> _ChoiceState), slot, _now, _to_count (output
         # fingerprints to count in the sketch at the end) and _similar (slot -> asked
         # the same as this one): fields of _core.ScanFields, which every delta's step
@@ -1209,7 +1217,8 @@ class ResponseScan(_core.ScanFields):
             return False
         head = company_head(state.entities.text[start:end])
         return head is not None and all(
-            h in self.own_units for h in self.engine.hasher.units(unit_texts(head))
+            h in self.own_units and h not in self.own_name_units
+            for h in self.engine.hasher.units(unit_texts(head))
         )
 
     def _entity_sources(

@@ -688,6 +688,22 @@ def company_head(key: str) -> str | None:
     return name if name and " " not in name and form in _FOLDED_FORMS else None
 
 
+def name_words(text: str) -> list[str]:
+    """The words of ``text`` inside runs of two or more capitalised words ("Jessica
+    Miller", "Hill-Thompson"): parts of a person's or a place's name, not a firm named
+    alone. A sentence's first word is capitalised for the sentence ("Does Green sell
+    phones?"), so it does not count towards a run."""
+    out = []
+    for m in _CAPITALISED.finditer(text):
+        words = re.split(r"[- ]", m.group(0))
+        before = text[: m.start()].rstrip(" \t")
+        if not before or before[-1] in ".!?:\n\"'“(":
+            words = words[1:]
+        if len(words) >= 2:
+            out += words
+    return out
+
+
 def iter_model_names(text: str) -> Iterator[tuple[str, int, int, tuple[str, ...]]]:
     """``(key, start, end, words)`` of the capitalised pairs and compounds a model wrote
     (``iter_case_keys``' names, unfiltered), with the keys of their words: names models
