@@ -15,7 +15,7 @@ Detection is half of the control; a gateway can also prevent:
   from whole responses and :class:`CanaryStripper` from SSE streams, holding back the
   end of a delta that could be the start of the canary until the next delta decides.
 
-No mitmproxy imports: bytes in, bytes out (``proxy/mitm/prevention.py`` wires it to the proxy).
+No mitmproxy imports: bytes in, bytes out (``proxy/mitm/prevention_addon.py`` wires it to the proxy).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Degenerate-output signal (proxy/engine/degenerate.py, proxy/mitm/degenerate.py).
+"""Degenerate-output signal (proxy/engine/degenerate.py, proxy/mitm/degenerate_addon.py).
 
 Library tests: each reason trips on the simulator's garbage and on hand-made cases, at
 any delta cut; clean answers (the simulator's prose, code, CJK; hand-written text in a

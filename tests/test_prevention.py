@@ -1,4 +1,4 @@
-"""Prevention: tenant-keyed cache_salt and canaries (proxy/prevention.py, proxy/mitm/prevention.py).
+"""Prevention: tenant-keyed cache_salt and canaries (proxy/prevention.py, proxy/mitm/prevention_addon.py).
 
 Library tests (salts, canaries, the request rewrite, the canary stripper at every cut),
 then through a real mitmdump with the openai SDK against the simulator, which records

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from proxy.mitm.addon import CrossTalk
-from proxy.mitm.degenerate import CrossTalkDegenerate
+from proxy.mitm.degenerate_addon import CrossTalkDegenerate
 from proxy.mitm.limits import CrossTalkLimits
 from proxy.mitm.metrics import CrossTalkMetrics
-from proxy.mitm.prevention import CrossTalkPrevention
+from proxy.mitm.prevention_addon import CrossTalkPrevention
 
 
 def default_addons(

@@ -188,7 +188,7 @@ class ExchangeMonitor(MonitorFields):
     # forwarded at once and parsed, observed and scanned later: nothing of the detector
     # runs on the path of a byte to the client.
     defer: Callable[..., None] | None = None
-    # Observers set by other addons (proxy/mitm/degenerate.py, proxy/mitm/metrics.py): every output
+    # Observers set by other addons (proxy/mitm/degenerate_addon.py, proxy/mitm/metrics.py): every output
     # delta (choice, text), and the seconds each engine scan call took. An ``on_delta``
     # that raises is switched off for the exchange (never a detector failure).
     on_delta: Callable[[int, str], None] | None = None
