@@ -702,8 +702,9 @@ class ResponseScan(_core.ScanFields):
         """Entities the choice's stream met, ``(start, end, entity id)``: recorded with
         the feed they came in, and judged. A firm the victim's own prompt names is
         dropped before it is recorded, so that a replay of the records agrees."""
-        if matches and self.engine.config.case_identifiers:
-            matches = [m for m in matches if not self._names_own_company(state, *m)]
+        if matches and self.engine.config.case_identifiers and state.entities is not None:
+            folded = state.entities.text  # joined once: matches are rare, the stream long
+            matches = [m for m in matches if not self._names_own_company(folded, *m)]
         state.matches.extend((*m, len(state.batches)) for m in matches)
         return self._entity_findings(choice, matches)
 
@@ -1208,14 +1209,14 @@ class ResponseScan(_core.ScanFields):
         self.findings += found
         return found
 
-    def _names_own_company(self, state: _ChoiceState, start: int, end: int, entity_id: str) -> bool:
+    def _names_own_company(self, folded: str, start: int, end: int, entity_id: str) -> bool:
         """Whether a matched company key ("apple inc", the folded output at the match)
         has its name in this request's own prompt ("my Apple laptop"): the model naming
         the firm its customer asked about, not another tenant's dealings with it."""
         owner = self.engine.entities.table.get(entity_id)
-        if owner is None or owner.kind != "name" or state.entities is None:
+        if owner is None or owner.kind != "name":
             return False
-        head = company_head(state.entities.text[start:end])
+        head = company_head(folded[start:end])
         return head is not None and all(
             h in self.own_units and h not in self.own_name_units
             for h in self.engine.hasher.units(unit_texts(head))

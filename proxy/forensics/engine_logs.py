@@ -495,15 +495,19 @@ class _VllmRequests:
         self.pairing = pairing
         self.subs: dict[str, list[str]] = {}
 
-    def open(self, request_id: str, when: float, position: str, fields: dict[str, Any]) -> None:
+    def open(
+        self, request_id: str, when: float, position: str, fields: dict[str, Any]
+    ) -> _VllmOpen:
         opened = self.pairing.open.get(request_id)
-        if opened is not None:
+        if isinstance(opened, _VllmOpen):
             opened.fields.update(fields)  # the other input line of the same request
-            return
-        self.pairing.add(request_id, _VllmOpen(when, position, fields))
+            return opened
+        opened = _VllmOpen(when, position, fields)
+        self.pairing.add(request_id, opened)
         base, dash, index = request_id.rpartition("-")
         if dash and index.isdigit():
             self.subs.setdefault(base, []).append(request_id)
+        return opened
 
     def find(self, output_id: str) -> tuple[str, _VllmOpen] | None:
         for request_id in (output_id, *self.subs.get(output_id, ())):
@@ -526,14 +530,11 @@ class _VllmRequests:
 def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
     clock = _VllmClock(source)
     limit = source.max_log_len if source.max_log_len is not None else infer_vllm_limit(source)
-    requests: _VllmRequests | None = None
+    requests = _VllmRequests(_Pairing())
 
     def step(
-        line: str, position: str, pairing: _Pairing, src: InputFile
+        line: str, position: str, _pairing: _Pairing, src: InputFile
     ) -> tuple[float | None, list[LoggedExchange]]:
-        nonlocal requests
-        if requests is None or requests.pairing is not pairing:
-            requests = _VllmRequests(pairing)
         m = _marker(_VLLM_LINE, line)
         if m is None or (m.group("details") and m.group("sep") != " details:"):
             return None, []  # "Request timeout: ..." and the like: not a request line
@@ -546,12 +547,11 @@ def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
         if not m.group("generated"):
             requests.open(request_id, when, position, fields)
             return when, []
-        found = requests.find(request_id)
-        if found is None:  # an output whose input lines are not in the log
-            requests.open(request_id, when, position, {})
-            found = requests.find(request_id)
-        assert found is not None
-        key, opened = found
+        # An output whose input lines are not in the log opens its own request.
+        key, opened = requests.find(request_id) or (
+            request_id,
+            requests.open(request_id, when, position, {}),
+        )
         if m.group("sep") == " details:":  # DEBUG: the next output line's token ids
             opened.next_ids = fields.get("output_token_ids")
             return when, []
@@ -569,12 +569,11 @@ def read_vllm(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
         return when, [vllm_exchange(key, opened, when, src, limit)]
 
     def unanswered(request_id: str, opened: _Open) -> LoggedExchange:
-        if requests is not None:
-            requests.close(request_id)
+        requests.close(request_id)
         vllm_open = opened if isinstance(opened, _VllmOpen) else None
         return vllm_exchange(request_id, vllm_open, opened.time, source, limit)
 
-    return _read_paired(source, on_skip, step, unanswered)
+    return _read_paired(source, on_skip, step, unanswered, requests.pairing)
 
 
 def infer_vllm_limit(source: InputFile) -> int | None:
@@ -633,10 +632,12 @@ def _read_paired(
     on_skip: OnSkip,
     step: Step,
     unanswered: Callable[[str, _Open], LoggedExchange],
+    pairing: _Pairing | None = None,
 ) -> Iterator[ExchangeRecord]:
     """Lines -> ``step`` -> exchanges; requests whose second line never comes are
-    replayed without it (``unanswered``) once too many or too old, and at the end."""
-    pairing = _Pairing()
+    replayed without it (``unanswered``) once too many or too old, and at the end.
+    ``pairing``: the open requests, when the reader keeps its own view of them."""
+    pairing = _Pairing() if pairing is None else pairing
 
     def emit(exchange: LoggedExchange, position: str, fallback: str) -> ExchangeRecord:
         return exchange.record(position, source.name, fallback)
