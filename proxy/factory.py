@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from proxy.config import Config, ConfigError
-from proxy.defaults import load_baseline, load_vocabulary
+from proxy.defaults import load_baseline, load_surnames, load_vocabulary
 from proxy.engine import Engine, EngineConfig
 from proxy.engine.baseline import Baseline, BaselineError
 from proxy.tenants import TenantRules, load_jwt_key
@@ -38,7 +38,10 @@ def build_engine(
     directory or baseline file that cannot be used."""
     baseline, vocabulary = lists or word_lists(config)
     engine = Engine(
-        engine_config or config.engine_config(), baseline=baseline, plain_words=vocabulary
+        engine_config or config.engine_config(),
+        baseline=baseline,
+        plain_words=vocabulary,
+        surnames=load_surnames(),
     )
     for path in config.detection.baselines:
         try:

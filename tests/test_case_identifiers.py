@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.defaults import load_baseline, load_vocabulary
+from proxy.defaults import load_baseline, load_surnames, load_vocabulary
 from proxy.engine import ENTITY, Engine, EngineConfig
 from proxy.engine.entities import iter_case_keys
 
@@ -25,12 +25,15 @@ VICTIM_PROMPT = "Q: What is a database index and when should I add one?\nA:"
 
 
 PLAIN = load_vocabulary()
+SURNAMES = load_surnames()
 BASELINE = load_baseline()
 
 
 def engine(**config) -> Engine:
     """An engine as the proxy builds it: the shipped vocabularies and baseline."""
-    return Engine(EngineConfig(key=KEY, **config), baseline=BASELINE, plain_words=PLAIN)
+    return Engine(
+        EngineConfig(key=KEY, **config), baseline=BASELINE, plain_words=PLAIN, surnames=SURNAMES
+    )
 
 
 def answer(e: Engine, tenant: str, rid: str, prompt: str, output: str, now: float):
@@ -270,4 +273,59 @@ def test_a_person_in_the_victims_prompt_does_not_excuse_a_firm_of_that_name():
     own = "Q: I write for my mother, Jessica Miller. How do I reset her password?\nA:"
     output = "Reply from the Miller Inc. customer service team: we reset it."
     found = answer(e, "globex", "v-1", own, output, T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]
+
+
+PLAIN_FIRM = (
+    "Hill-Thompson customer support\nMy contract with Wood Group and the solicitors "
+    "Short, Washington and Green ended; King-Lewis still bills me.\n\nReply:"
+)
+
+
+@pytest.mark.parametrize(
+    "leaked",
+    [
+        "Reply from the Hill-Thompson team",
+        "Account manager, Hill- Thompson",  # the tokenizer's spacing
+        "Reply from the Wood Group customer service",
+        "Short, Washington and Green support team",
+        "Reply from the Short, Washington and billing desk",  # cut after its "and"
+        "write to customer.support@king-lewis.co.uk today",  # a host is lower case
+    ],
+)
+def test_names_of_plain_surnames_written_as_names_are_found(leaked):
+    """Names made only of plain words that are all frequent surnames: every word is in
+    the vocabulary, so no rare pair keys them, yet written as a name they are the
+    source's firm (the real model's misses on seeds 2, 4, 6 and 8, docs/real-model.md)."""
+    e = engine()
+    for word in ("Hill", "Thompson", "Wood", "Short", "Washington", "Green", "King", "Lewis"):
+        assert e._common_word(word), word  # else this is not the case under test
+    answer(e, "acme", "src-1", PLAIN_FIRM, "We will look into it.", T0)
+    found = answer(e, "globex", "v-1", VICTIM_PROMPT, f"{leaked}. Thanks.", T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "Walk up the hill-thompson style path; the wood group meets at noon.",
+        "It was short, washington and green were mentioned.",  # prose, not a name
+        "Ask Short, Washington or a lawyer.",  # two surnames alone: many answers' example
+        "Follow-Up: the Long-Term plan of the Support Group.",  # plain words, not surnames
+    ],
+)
+def test_plain_surnames_not_written_as_names_stay_quiet(output):
+    e = engine()
+    prompt = f"{PLAIN_FIRM}\nFollow-Up on the Long-Term plan of our Support Group."
+    answer(e, "acme", "src-1", prompt, "We will look into it.", T0)
+    assert answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1) == []
+
+
+def test_a_firms_own_answers_do_not_make_its_name_a_models():
+    """The model answering the firm's own tickets writes "The King-Lewis team": the pair
+    is the model's, its word "King-Lewis" stays the firm's (seed 2 missed the leak)."""
+    e = engine()
+    answer(e, "acme", "src-1", PLAIN_FIRM, "The King-Lewis Team will call you.", T0)
+    answer(e, "acme", "src-2", PLAIN_FIRM, "Regards, The King-Lewis Team", T0 + 1)
+    found = answer(e, "globex", "v-1", VICTIM_PROMPT, "Mail support@king-lewis.co.uk.", T0 + 2)
     assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]

@@ -17,6 +17,7 @@ from pathlib import Path
 VOCABULARY = "vocabulary"
 BASELINE = "baseline"
 ADVISORIES = "advisories.toml"
+NAMES = "names"
 
 
 class DefaultsMissing(RuntimeError):
@@ -24,7 +25,8 @@ class DefaultsMissing(RuntimeError):
 
 
 def shipped(name: str) -> Traversable:
-    """The shipped file or directory ``name`` (``VOCABULARY``, ``BASELINE``, ``ADVISORIES``).
+    """The shipped file or directory ``name`` (``VOCABULARY``, ``BASELINE``, ``ADVISORIES``,
+    ``NAMES``).
     Raises DefaultsMissing when it is not installed."""
     item = resources.files(__package__) / name
     if not (item.is_dir() or item.is_file()):
@@ -74,3 +76,9 @@ def load_vocabulary(directory: str | Path | None = None) -> list[str]:
     """Plain words of common languages, one a line: ``directory`` if given, else the
     shipped vocabularies of the ten languages and of code."""
     return [w for text in _texts_of(directory, VOCABULARY) for w in text.split()]
+
+
+def load_surnames() -> frozenset[str]:
+    """Frequent surnames, lowercased (``names/*.txt``): what makes a run of plain words
+    ("Hill-Thompson") a name. Shipped only; not a vocabulary (its words stay plain)."""
+    return frozenset(w for text in read_texts(shipped(NAMES)) for w in text.split())

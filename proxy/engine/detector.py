@@ -37,6 +37,7 @@ from proxy.engine._core import EntityOwner, RequestRecord
 from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
     CASE_KINDS,
+    PROPER_NAME,
     EntityIndex,
     EntityScanner,
     company_head,
@@ -47,6 +48,7 @@ from proxy.engine.entities import (
     iter_model_names,
     name_words,
     public_number_texts,
+    written_as_name,
 )
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnowed
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
@@ -84,6 +86,8 @@ MODEL_NAME = "model_name"
 #: A prompt's name whose every word models wrote (a quoted earlier answer): the tenant
 #: holds it, and it is no evidence of a leak (it joins ``Engine.model_names``).
 QUOTED_NAME = "quoted_name"
+#: Kinds of prompt key that name a person, a firm or a place.
+NAME_KINDS = frozenset({"name", PROPER_NAME})
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +155,13 @@ class Engine(_core.EngineClock):
         *,
         baseline: Iterable[str] = (),
         plain_words: Iterable[str] = (),
+        surnames: Iterable[str] = (),
     ):
         self.config = config = config or EngineConfig()
+        #: Frequent surnames, lowercased: a name made only of plain words that are all
+        #: surnames ("Hill-Thompson") is a case key where written as a name
+        #: (``entities.PROPER_NAME``). Without them such names are nobody's.
+        self.surnames = frozenset(w.lower() for w in surnames)
         self.hasher = Hasher(config.key or os.urandom(32), config.k)
         self.index = FingerprintIndex(max_fingerprints=config.max_fingerprints)
         self.sketch = CommonnessSketch(
@@ -345,10 +354,10 @@ class Engine(_core.EngineClock):
                     entity_id = self.entity_id(key)
                     texts[entity_id] = key
                     entities.append((MODEL_NAME, entity_id))
-            for kind, key in iter_entity_keys(text, self._common_word):
+            for kind, key in iter_entity_keys(text, self._common_word, self._surname):
                 if kind in CASE_KINDS and (not self.config.case_identifiers or key in model_keys):
                     continue
-                if kind == "name" and self._model_written(key):
+                if kind in NAME_KINDS and self._model_written(key, kind):
                     kind = QUOTED_NAME
                 entity_id = self.entity_id(key)
                 texts[entity_id] = key
@@ -379,12 +388,20 @@ class Engine(_core.EngineClock):
         rare word ("Suzanne Woodward") is somebody's."""
         return all(self.vocabulary.is_plain(h) for h in self.hasher.units(unit_texts(word)))
 
-    def _model_written(self, name: str) -> bool:
+    def _surname(self, word: str) -> bool:
+        """Whether ``word`` is one of the engine's frequent surnames (``surnames``)."""
+        return word.lower() in self.surnames
+
+    def _model_written(self, name: str, kind: str = "name") -> bool:
         """Whether models wrote every word of ``name`` in capitalised names of the window
         (``model_names``): a prompt that quotes an earlier answer (a conversation sent
         as one completions string) names the people the model made up, and a model
-        writing such names for another tenant leaks nobody's."""
+        writing such names for another tenant leaks nobody's. A ``PROPER_NAME`` is made
+        of plain surnames that models write in many names ("King", "Lewis"): only the
+        whole name ("King-Lewis") written by a model makes it one."""
         names = self.model_names
+        if kind == PROPER_NAME:
+            return self.entity_id(name) in names
         return all(self.entity_id(w) in names for w in name.replace("-", " ").split())
 
     def ingest_prompt(self, record: PromptRecord) -> ResponseScan:
@@ -700,11 +717,23 @@ class ResponseScan(_core.ScanFields):
         self, state: _ChoiceState, choice: int, matches: list[tuple[int, int, str]]
     ) -> list[Finding]:
         """Entities the choice's stream met, ``(start, end, entity id)``: recorded with
-        the feed they came in, and judged. A firm the victim's own prompt names is
-        dropped before it is recorded, so that a replay of the records agrees."""
+        the feed they came in, and judged. A firm the victim's own prompt names, and a
+        name of plain words not written as a name, are dropped before they are recorded,
+        so that a replay of the records agrees."""
         if matches and self.engine.config.case_identifiers and state.entities is not None:
             folded = state.entities.text  # joined once: matches are rare, the stream long
-            matches = [m for m in matches if not self._names_own_company(folded, *m)]
+            raw = state.entities.raw_text
+            table = self.engine.entities.table
+            matches = [
+                m
+                for m in matches
+                if not self._names_own_company(folded, *m)
+                and (
+                    (owner := table.get(m[2])) is None
+                    or owner.kind != PROPER_NAME
+                    or written_as_name(raw, m[0], m[1])
+                )
+            ]
         state.matches.extend((*m, len(state.batches)) for m in matches)
         return self._entity_findings(choice, matches)
 
@@ -754,7 +783,10 @@ class ResponseScan(_core.ScanFields):
             if all(h in self.own_units for h in engine.hasher.units(unit_texts(key))):
                 continue
             out.append((MODEL_NAME, entity_id, start, end))
-            out += [(MODEL_NAME, engine.entity_id(w), start, end) for w in parts]
+            # Its words, but one that is itself a request's name ("The King-Lewis" of the
+            # firm's own answer) stays that request's.
+            words = (engine.entity_id(w) for w in parts)
+            out += [(MODEL_NAME, i, start, end) for i in words if i not in engine.entities.table]
         return out
 
     def _count_output(self) -> None:
@@ -1179,7 +1211,7 @@ class ResponseScan(_core.ScanFields):
             is_canary = owner.kind == CANARY
             if not is_canary and owner.users() >= self.engine.config.common_tenants:
                 continue
-            if owner.kind == "name" and (
+            if owner.kind in NAME_KINDS and (
                 entity_id in self.engine.model_names or entity_id in self.own_model_names
             ):
                 continue  # a name models write: nobody's, even when a prompt holds it
@@ -1214,7 +1246,7 @@ class ResponseScan(_core.ScanFields):
         has its name in this request's own prompt ("my Apple laptop"): the model naming
         the firm its customer asked about, not another tenant's dealings with it."""
         owner = self.engine.entities.table.get(entity_id)
-        if owner is None or owner.kind != "name":
+        if owner is None or owner.kind not in NAME_KINDS:
             return False
         head = company_head(folded[start:end])
         return head is not None and all(

@@ -17,7 +17,7 @@ import re
 import string
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import ahocorasick
@@ -600,7 +600,11 @@ _NOT_A_FIRM = frozenset((
     "delaware", "nevada", "wyoming", "texas", "florida", "california", "york", "swiss",
     "german", "british", "english", "american", "french", "dutch", "irish", "uk", "us", "eu",
 ))  # fmt: skip
-CASE_KINDS = frozenset({"reference", "amount", "name"})
+#: A name made only of plain words that are also frequent surnames ("Hill-Thompson",
+#: "Short, Washington and Green", "Wood Group"): a name only where it is written as one
+#: (``written_as_name``), whereas "short, washington and green" in prose is not.
+PROPER_NAME = "proper"
+CASE_KINDS = frozenset({"reference", "amount", "name", PROPER_NAME})
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
 COMPOUND_HEAD_LETTERS = 3
 #: Significant digits an amount needs: a round or small one (500.00, 49.99) is written
@@ -616,6 +620,7 @@ def iter_case_keys(
     text: str,
     claimed: list[tuple[int, int]],
     common_word: Callable[[str], bool] | None = None,
+    surname: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, str]]:
     """``(kind, key)`` of the case identifiers in ``text`` outside ``claimed`` spans:
     ``reference`` (the folded token, and its digit run alone when that has six or more
@@ -624,7 +629,9 @@ def iter_case_keys(
     ``name`` (each pair of adjacent capitalised words, a hyphenated compound, a firm
     "Perkins and Sons"). ``common_word`` (the engine's vocabulary) drops pairs with a
     common word ("United States", "Docker Compose", "Dear Amy") and compounds made only
-    of common words."""
+    of common words. Those made only of common words that ``surname`` (the engine's
+    frequent surnames) all passes ("Hill-Thompson", "Short, Washington and Green",
+    "Wood Group") are ``PROPER_NAME`` keys instead: names only where written as one."""
 
     def free(s: int, e: int) -> bool:
         return not any(s < ce and cs < e for cs, ce in claimed)
@@ -643,42 +650,78 @@ def iter_case_keys(
         if free(*m.span()) and _significant_digits(number) >= AMOUNT_DIGITS:
             yield "amount", number
     common = common_word or (lambda _: False)
+    surname = surname or (lambda _: False)
     for m in _CAPITALISED.finditer(text):
         if not free(*m.span()):
             continue
         run = m.group(0)
         for compound in _COMPOUND.findall(run):
-            if not all(map(common, compound.split("-"))):
-                yield "name", fold(compound)
-                # As a model's tokenizer may write it: "Hill- Thompson", "Hill - Thompson".
-                yield "name", fold(compound.replace("-", "- "))
-                yield "name", fold(compound.replace("-", " - "))
-                # Its head to three letters past the last hyphen: a model cuts a rare
-                # word at a token boundary ("Reply from the Wilson-Hod"), as a page cut
-                # mid-IBAN keeps its head.
-                head, _, last = compound.rpartition("-")
-                if len(last) > COMPOUND_HEAD_LETTERS:
-                    yield "name", fold(f"{head}-{last[:COMPOUND_HEAD_LETTERS]}")
+            parts = compound.split("-")
+            kind = _name_kind(parts, common, surname)
+            if kind is None:
+                continue
+            yield kind, fold(compound)
+            # As a model's tokenizer may write it: "Hill- Thompson", "Hill - Thompson".
+            yield kind, fold(compound.replace("-", "- "))
+            yield kind, fold(compound.replace("-", " - "))
+            # Its head to three letters past the last hyphen: a model cuts a rare word at
+            # a token boundary ("Reply from the Wilson-Hod"), as a page cut mid-IBAN
+            # keeps its head.
+            head, _, last = compound.rpartition("-")
+            if len(last) > COMPOUND_HEAD_LETTERS:
+                yield kind, fold(f"{head}-{last[:COMPOUND_HEAD_LETTERS]}")
         parts = run.split(" ")
         for a, b in zip(parts, parts[1:], strict=False):
             # Both words rare: a pair with a plain word is what many people write
             # ("Customer Service", "Docker Compose", a sentence's "About Novak").
             if not (common(a) or common(b)):
                 yield "name", fold(f"{a} {b}")
-    for m in _FIRM.finditer(text):
-        if free(*m.span()) and not common(m.group(1)):
-            yield "name", fold(m.group(0))
+    for pattern in (_FIRM, _ORGANISATION):
+        for m in pattern.finditer(text):
+            if free(*m.span()) and (kind := _name_kind([m.group(1)], common, surname)):
+                yield kind, fold(m.group(0))
     for m in _COMPANY.finditer(text):
         if free(*m.span()) and fold(m.group(0).rpartition(" ")[0]) not in _NOT_A_FIRM:
             yield "name", fold(m.group(0))
-    for m in _ORGANISATION.finditer(text):
-        if free(*m.span()) and not common(m.group(1)):
-            yield "name", fold(m.group(0))
     for m in _FIRM_OF_THREE.finditer(text):
-        if free(*m.span()) and not all(map(common, m.groups())):
-            yield "name", fold(m.group(0))
-            if not (common(m.group(1)) and common(m.group(2))):  # a head of plain names
-                yield "name", fold(f"{m.group(1)}, {m.group(2)}")  # is anyone's list
+        if free(*m.span()) and (kind := _name_kind(m.groups(), common, surname)):
+            yield kind, fold(m.group(0))
+            # Its head, as a model cuts it. Two plain words that are not both surnames
+            # are anyone's list ("Red, White"); two that are, with their "and" ("Short,
+            # Washington and"), as two surnames alone are many answers' examples.
+            head_kind = _name_kind(m.groups()[:2], common, surname)
+            if head_kind == "name":
+                yield head_kind, fold(f"{m.group(1)}, {m.group(2)}")
+            elif head_kind == PROPER_NAME:
+                yield head_kind, fold(m.group(0)[: m.start(3) - m.start()].rstrip())
+
+
+def _name_kind(
+    words: Sequence[str], common: Callable[[str], bool], surname: Callable[[str], bool]
+) -> str | None:
+    """The kind of key a name made of ``words`` gives: ``"name"`` with a rare word,
+    ``PROPER_NAME`` when all are plain and all are surnames, else None (everyone's)."""
+    if not all(map(common, words)):
+        return "name"
+    if all(map(surname, words)):
+        return PROPER_NAME
+    return None
+
+
+#: Where a name is written in lower case as itself: a mail or web host (``@hill-thompson.``).
+_HOST_BEFORE = frozenset("@./")
+
+
+def written_as_name(raw: str, start: int, end: int) -> bool:
+    """Whether ``raw[start:end]`` (a ``PROPER_NAME`` key's match) is written as a name:
+    each of its words capitalised but "and" ("Short, Washington and Green"), or in lower
+    case inside a mail or web host ("support@king-lewis.co.uk"). "the short, washington
+    and green" of prose is not."""
+    words = re.findall(r"[^\W\d_]+", raw[start:end])
+    if all(w[0].isupper() for w in words if w != "and"):
+        return True
+    after = raw[end : end + 2]
+    return start > 0 and raw[start - 1] in _HOST_BEFORE and after[:1] == "." and after[1:].isalpha()
 
 
 def company_head(key: str) -> str | None:
@@ -725,7 +768,9 @@ IBAN_HEAD_CHARS = 19
 
 
 def iter_entity_keys(
-    text: str, common_word: Callable[[str], bool] | None = None
+    text: str,
+    common_word: Callable[[str], bool] | None = None,
+    surname: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, str]]:
     """``(kind, key)`` for every entity in ``text``; key is the lowercased text. A long
     IBAN also yields its head (``IBAN_HEAD_CHARS``, ending on a whole group): a leaked
@@ -739,6 +784,6 @@ def iter_entity_keys(
             if " " not in key or key[len(head)] == " ":
                 yield ent.kind, head
     claimed = [(e.start, e.end) for e in entities]
-    for kind, key in iter_case_keys(text, claimed, common_word):
+    for kind, key in iter_case_keys(text, claimed, common_word, surname):
         if len(key) >= MIN_ENTITY_CHARS:
             yield kind, key
