@@ -329,3 +329,27 @@ def test_a_firms_own_answers_do_not_make_its_name_a_models():
     answer(e, "acme", "src-2", PLAIN_FIRM, "Regards, The King-Lewis Team", T0 + 1)
     found = answer(e, "globex", "v-1", VICTIM_PROMPT, "Mail support@king-lewis.co.uk.", T0 + 2)
     assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]
+
+
+@pytest.mark.parametrize(
+    ("written", "found"),
+    [("EUR 919.69", True), ("EUR 2,919.69", False), ("EUR 1.919.69", False), ("919.69.5", False)],
+)
+def test_an_amount_inside_a_longer_number_is_not_that_amount(written, found):
+    """ "919.69" is not in "2,919.69": a digit group's separator between digits joins
+    them (the human-text bench flagged two clean answers so, seed 1, warm)."""
+    e = engine()
+    answer(e, "acme", "src-1", "The council says we owe £919.69 in unpaid tax.", "Noted.", T0)
+    output = f"The estimated cost is {written}, payable by June."
+    assert bool(answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)) is found
+
+
+def test_the_victims_own_firm_named_in_its_own_prompt_excuses_it():
+    """The help desk of Carroll Inc sends its tickets; another tenant's customer wrote
+    that Carroll Inc audits them. Carroll Inc's answers naming Carroll Inc leak nothing,
+    although "Carroll Inc" is also a run of capitalised words."""
+    e = engine()
+    answer(e, "acme", "src-1", "Our auditors at Carroll Inc need the ledger.", "Noted.", T0)
+    own = "Carroll Inc customer support\nMy order is late.\n\nReply from the Carroll Inc team:\n"
+    output = "Reply from the Carroll Inc support team: we are on it."
+    assert answer(e, "globex", "v-1", own, output, T0 + 1) == []

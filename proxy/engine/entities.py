@@ -75,6 +75,19 @@ def _word_char(ch: str) -> bool:
     return ch.isascii() and ch.isalnum()
 
 
+def _on_boundaries(text: str, start: int, end: int, key: str) -> bool:
+    """Whether ``key``, found at ``text[start:end]``, stands alone: not inside a longer
+    word, nor a number inside a longer one (``449.51`` in ``2,449.51``: a digit group's
+    separator between digits joins them)."""
+    before = text[start - 1] if start > 0 else " "
+    after = text[end] if end < len(text) else " "
+    if (_word_char(key[0]) and _word_char(before)) or (_word_char(key[-1]) and _word_char(after)):
+        return False
+    if key[0].isdigit() and before in ",." and start > 1 and text[start - 2].isdigit():
+        return False
+    return not (key[-1].isdigit() and after in ",." and text[end + 1 : end + 2].isdigit())
+
+
 @dataclass(frozen=True, slots=True)
 class AnchoredPattern:
     """A pattern tried only near its *anchor*: ``finditer`` finds what the pattern's own
@@ -536,11 +549,7 @@ class EntityScanner(EntityFeed):
             if text is None:
                 text = self.text
             start = end - len(key)
-            before = text[start - 1] if start > 0 else " "
-            after = text[end] if end < len(text) else " "
-            if (_word_char(key[0]) and _word_char(before)) or (
-                _word_char(key[-1]) and _word_char(after)
-            ):
+            if not _on_boundaries(text, start, end, key):
                 continue
             self._seen.add((end, entity_id))
             out.append((start, end, entity_id))
