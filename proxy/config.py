@@ -83,6 +83,7 @@ class DetectionSection:
     winnow_window: int = _ENGINE.winnow_window
     min_run_words: float = _ENGINE.min_run_words
     plain_run_factor: float = _ENGINE.plain_run_factor
+    plain_user_factor: float = _ENGINE.plain_user_factor
     plain_output_factor: float = _ENGINE.plain_output_factor
     plain_share: float = _ENGINE.plain_share
     plain_cover_factor: float = _ENGINE.plain_cover_factor

@@ -353,3 +353,17 @@ def test_the_victims_own_firm_named_in_its_own_prompt_excuses_it():
     own = "Carroll Inc customer support\nMy order is late.\n\nReply from the Carroll Inc team:\n"
     output = "Reply from the Carroll Inc support team: we are on it."
     assert answer(e, "globex", "v-1", own, output, T0 + 1) == []
+
+
+def test_the_words_of_a_firms_name_its_own_answers_write_stay_the_firms():
+    """Carroll Inc's answers write "The Carroll Inc support team": "The Carroll" is the
+    model's pair, but its word "Carroll" (and "Inc") must not become words models write,
+    or Carroll Inc's next ticket would be a quoted invention and its leak nobody's
+    (bench/human_leaks.py, seed 1, missed it)."""
+    e = engine()
+    ticket = "Carroll Inc customer support\nMy order is late.\n\nReply from the Carroll Inc team:"
+    for n in range(3):
+        answer(e, "acme", f"src-{n}", ticket, "The Carroll Inc Support Team thanks you.", T0 + n)
+    output = "Reply from the Carroll Inc support team: we are on it."
+    found = answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 5)
+    assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]

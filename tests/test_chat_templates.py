@@ -78,7 +78,7 @@ def test_each_family_yields_its_turns_without_markers(style):
 )
 def test_prompts_without_a_conversation_are_one_turn(prompt):
     assert split_turns(prompt) is None
-    assert conversation_texts(prompt) == (prompt, "")
+    assert conversation_texts(prompt) == (prompt, "", False)
 
 
 def test_completions_and_generate_requests_carry_the_model_turns_as_model_text():

@@ -152,6 +152,7 @@ def test_chat_prompt_covers_every_message_kind_in_order() -> None:
         model="llama-3-8b",
         n=2,
         user="tenant-a",
+        turns_known=True,  # roles say who wrote what
     )
 
 
@@ -844,3 +845,14 @@ def test_an_event_the_compiled_step_declines_after_parsing_is_parsed_once(monkey
     assert parser.finish_reasons == {0: "stop"}
     assert parser.feed(SSEEvent("[DONE]")) == [] and parser.done
     assert parsed == ["[DONE]"]
+
+
+def test_turns_are_known_for_chats_and_read_templates_only() -> None:
+    """A completions string may quote a model unmarked; a chat, or a conversation whose
+    template was read, says who wrote what (``EngineConfig.plain_user_factor``)."""
+    templated = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello<|im_end|>\n"
+    assert parse_request(
+        "chat", body({"messages": [{"role": "user", "content": "Hi"}]})
+    ).turns_known
+    assert parse_request("completions", body({"prompt": templated})).turns_known
+    assert not parse_request("completions", body({"prompt": "Ticket 1\nReply:"})).turns_known

@@ -1889,7 +1889,7 @@ cdef class DeltaScanner:
     cdef object no_units
     cdef double window_seconds
     cdef long run_threshold  # round(min_run_words * 2): weights count half-words
-    cdef double plain_output_factor, plain_run_factor, plain_cover_factor
+    cdef double plain_output_factor, plain_run_factor, plain_user_factor, plain_cover_factor
     cdef double exclusive, containment
     cdef double same_prompt_similarity
     # The newest units' k-grams, and after the classification the private ones: the
@@ -1930,6 +1930,7 @@ cdef class DeltaScanner:
         self.run_threshold = round(config.min_run_words * 2)
         self.plain_output_factor = config.plain_output_factor
         self.plain_run_factor = config.plain_run_factor
+        self.plain_user_factor = config.plain_user_factor
         self.plain_cover_factor = config.plain_cover_factor
         self.exclusive, self.containment = config.exclusive, config.containment
         self.same_prompt_similarity = config.same_prompt_similarity
@@ -2522,7 +2523,7 @@ cdef class DeltaScanner:
         for value in touched:
             run = state.runs[value]
             record = self.requests.get(value >> 1)
-            if record is None or not self._enough(state, run, value & 1):
+            if record is None or not self._enough(state, run, value & 1, record.turns_known):
                 continue
             finding = response._fragment_finding(state, choice, run, record, value & 1)
             if finding is not None:
@@ -2531,7 +2532,8 @@ cdef class DeltaScanner:
             response.findings.extend(found)
         return found
 
-    cdef bint _enough(self, ChoiceColumns state, Run run, bint of_output) except -1:
+    cdef bint _enough(self, ChoiceColumns state, Run run, bint of_output,
+                      bint user_words) except -1:
         """``ResponseScan._enough``: whether a foreign prompt's or output's coverage of
         this choice is evidence (its docstring says when)."""
         cdef long threshold = self.run_threshold
@@ -2541,7 +2543,10 @@ cdef class DeltaScanner:
                     break
             else:
                 return False  # no unit ties the foreign output to its exchange
-        cdef double factor = self.plain_output_factor if of_output else self.plain_run_factor
+        cdef double factor = (
+            self.plain_output_factor if of_output
+            else self.plain_user_factor if user_words else self.plain_run_factor
+        )
         if factor and run.best >= threshold * factor:
             return True
         if run.best >= threshold and state._distinctive(run.best_start, run.best_end + 1):
@@ -3077,7 +3082,10 @@ cdef class RequestRecord:
     fingerprints, its digest, and the sorted unit hashes of its non-plain words and
     numbers (``detector.PROMPT_UNITS_KEPT`` at most). Immutable, but for ``carries``:
     the tenants whose answers its output was found to hold (None: none so far), to
-    whom that output's text is no evidence of a leak (``ResponseScan._carried``)."""
+    whom that output's text is no evidence of a leak (``ResponseScan._carried``).
+    ``turns_known``: its text is its user's words, the model's turns set apart (a chat,
+    a rendered conversation whose template was read), not one string that may quote
+    a model unmarked."""
 
     cdef readonly str tenant
     cdef readonly str request_id
@@ -3085,16 +3093,18 @@ cdef class RequestRecord:
     cdef readonly object signature
     cdef readonly bytes prompt_digest
     cdef readonly object prompt_units
+    cdef readonly bint turns_known
     cdef public set carries
 
     def __init__(self, str tenant, str request_id, double time, signature,
-                 bytes prompt_digest, prompt_units):
+                 bytes prompt_digest, prompt_units, bint turns_known=False):
         self.tenant = tenant
         self.request_id = request_id
         self.time = time
         self.signature = signature
         self.prompt_digest = prompt_digest
         self.prompt_units = prompt_units
+        self.turns_known = turns_known
 
 
 @cython.no_gc

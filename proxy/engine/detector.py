@@ -105,6 +105,11 @@ class EngineConfig:
     # 300 clean responses at 1, 1 at 2, recall unchanged). From a model's output: 0,
     # never: a model's plain-word run is its boilerplate.
     plain_run_factor: float = 2.0
+    # The same from a prompt whose turns are known (a chat's user messages, a rendered
+    # conversation whose template was read): its text is its user's words, and people's
+    # private words are mostly plain ("six years and my manager wants me to"):
+    # bench/human_leaks.py missed such 8-word runs at 2.
+    plain_user_factor: float = 1.0
     plain_output_factor: float = 0.0
     plain_share: float = 0.5  # a word is plain once this share of tenants used it
     # Scattered coverage this many times min_run_words needs no distinctive word (a
@@ -312,17 +317,23 @@ class Engine(_core.EngineClock):
         now: float | None = None,
         *,
         model_text: str = "",
+        turns_known: bool = False,
     ) -> ResponseScan:
         """Record a request's prompt and return the scanner for its response.
 
         ``model_text`` is the part of ``text`` a model wrote (earlier assistant turns of a
         conversation): it is indexed like an output, so its boilerplate is judged as a
-        model's, not as a user's words. Call before the request goes upstream: a page of
+        model's, not as a user's words. ``turns_known``: the caller knew the prompt's
+        turns (a chat, a conversation rendered by a template it read), so the rest of
+        ``text`` is its users' words (``EngineConfig.plain_user_factor``); a plain
+        completions string may quote a model unmarked. Call before the request goes upstream: a page of
         this prompt can leak into a response that is already streaming. The scan's
         ``prompt`` is what was learned, in keyed form (for a journal or other replicas).
         """
         return run_steps(
-            self.observe_prompt_steps(tenant, request_id, text, now, model_text=model_text)
+            self.observe_prompt_steps(
+                tenant, request_id, text, now, model_text=model_text, turns_known=turns_known
+            )
         )
 
     def observe_prompt_steps(
@@ -333,6 +344,7 @@ class Engine(_core.EngineClock):
         now: float | None = None,
         *,
         model_text: str = "",
+        turns_known: bool = False,
     ) -> Generator[None, None, ResponseScan]:
         """``observe_prompt`` in steps: a generator that yields between pieces of work
         (reading the text; classifying each ``OBSERVE_STEP`` fingerprints; learning) and
@@ -372,6 +384,7 @@ class Engine(_core.EngineClock):
             tuple(entities),
             seq,
             min(self.low_water(), seq),
+            turns_known,
         )
         yield
         scan = yield from self._observe(record, hashes, model_hashes, texts)
@@ -451,6 +464,7 @@ class Engine(_core.EngineClock):
             if len(record.units)
             else f"no prompt {self._next_slot}".encode(),
             prompt_units=sorted_unique(list(rare))[:PROMPT_UNITS_KEPT],
+            turns_known=record.turns_known,
         )
         value = slot << 1
         kept = winnowed(private, self.config.winnow_window)
@@ -517,13 +531,14 @@ class Engine(_core.EngineClock):
         signature: np.ndarray | None = None,
         digest: bytes = b"",
         prompt_units: np.ndarray = _NO_UNITS,
+        turns_known: bool = False,
     ) -> int:
         slot = self._next_slot
         self._next_slot += 1
         if signature is None:
             signature = _NO_UNITS
         self._requests[slot] = RequestRecord(
-            tenant, request_id, now, signature, digest, prompt_units
+            tenant, request_id, now, signature, digest, prompt_units, turns_known
         )
         self._order.append(slot)
         return slot
@@ -773,20 +788,27 @@ class ResponseScan(_core.ScanFields):
         """``extracted`` entries (``MODEL_NAME``) of the names this output made up, and
         of their words: not its own prompt's (the model restating its customer's name
         made up nothing) and held by no request of the window (a name another request
-        holds is that request's, leaked or not: a leak must not make it the model's)."""
+        holds is that request's, leaked or not: a leak must not make it the model's).
+        Nor are the words of a held name ("Carroll Inc" of the firm's own answers, and
+        "The Carroll" beside it): else every word of the firm's name would be one models
+        write, and the next prompt that names it a quoted invention."""
         engine = self.engine
+        table = engine.entities.table
+        names = [(engine.entity_id(key), key, s, e, parts) for key, s, e, parts in iter_model_names(raw)]  # fmt: skip
+        held = [(s, e) for entity_id, _, s, e, _ in names if entity_id in table]
         out = []
-        for key, start, end, parts in iter_model_names(raw):
-            entity_id = engine.entity_id(key)
-            if entity_id in engine.entities.table:
+        for entity_id, key, start, end, parts in names:
+            if entity_id in table:
                 continue
             if all(h in self.own_units for h in engine.hasher.units(unit_texts(key))):
                 continue
             out.append((MODEL_NAME, entity_id, start, end))
-            # Its words, but one that is itself a request's name ("The King-Lewis" of the
-            # firm's own answer) stays that request's.
-            words = (engine.entity_id(w) for w in parts)
-            out += [(MODEL_NAME, i, start, end) for i in words if i not in engine.entities.table]
+            # A pair's words: the first at its start, the second at its end.
+            spans = ((start, start + len(parts[0])), (end - len(parts[-1]), end)) if parts else ()
+            for word, (ws, we) in zip(parts, spans, strict=True):
+                word_id = engine.entity_id(word)
+                if word_id not in table and not any(hs <= ws and we <= he for hs, he in held):
+                    out.append((MODEL_NAME, word_id, start, end))
         return out
 
     def _count_output(self) -> None:
@@ -1119,7 +1141,9 @@ class ResponseScan(_core.ScanFields):
         for value in touched:
             run = state.runs[value]
             record = self.engine._requests.get(value >> 1)
-            if record is None or not self._enough(state, run, threshold, bool(value & 1)):
+            if record is None or not self._enough(
+                state, run, threshold, bool(value & 1), record.turns_known
+            ):
                 continue
             finding = self._fragment_finding(state, choice, run, record, bool(value & 1))
             if finding is not None:
@@ -1160,12 +1184,20 @@ class ResponseScan(_core.ScanFields):
             state.ends[-1],
         )
 
-    def _enough(self, state: _ChoiceState, run: _core.Run, threshold: int, of_output: bool) -> bool:
+    def _enough(
+        self,
+        state: _ChoiceState,
+        run: _core.Run,
+        threshold: int,
+        of_output: bool,
+        user_words: bool = False,
+    ) -> bool:
         """Whether a foreign prompt's or output's coverage of this choice is evidence.
 
         A contiguous run of ``min_run_words`` with a distinctive word; without one,
-        ``plain_run_factor`` (prompt) or ``plain_output_factor`` (output, 0: never) times
-        as long; or, for pages cut into short pieces by common text and for whole
+        ``plain_run_factor`` (prompt), ``plain_user_factor`` (a prompt whose turns are
+        known: ``user_words``) or ``plain_output_factor`` (output, 0: never) times as
+        long; or, for pages cut into short pieces by common text and for whole
         mis-routed answers, coverage of ``2 * min_run_words`` that fills at least
         ``containment`` of the span it is scattered over, with two distinctive words (or
         ``plain_cover_factor * min_run_words`` of coverage without them). A foreign
@@ -1180,7 +1212,10 @@ class ResponseScan(_core.ScanFields):
             # explained as the model's habit, on any path below (a mis-route included:
             # an answer with nothing of its exchange in it tells nobody anything).
             return False
-        factor = config.plain_output_factor if of_output else config.plain_run_factor
+        if of_output:
+            factor = config.plain_output_factor
+        else:
+            factor = config.plain_user_factor if user_words else config.plain_run_factor
         if factor and run.best >= threshold * factor:
             return True
         if run.best >= threshold and state.distinctive(run.best_start, run.best_end + 1):

@@ -40,6 +40,7 @@ class PromptRecord:
     entities: tuple[tuple[str, str], ...] = ()  # (kind, entity id)
     seq: int = 0
     low_water: int = 0
+    turns_known: bool = False  # its turns were read: its text is its users' words
 
 
 @dataclass(frozen=True, slots=True)

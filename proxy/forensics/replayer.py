@@ -484,6 +484,7 @@ class Replayer:
                     parsed.prompt,
                     now=record.time if record.arrived is None else record.arrived,
                     model_text=parsed.model_text,
+                    turns_known=parsed.turns_known,
                 )
             except Exception as e:  # noqa: BLE001 -- fail open, as live
                 monitor.detector_error = error_text(e)

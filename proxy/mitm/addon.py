@@ -515,7 +515,12 @@ class CrossTalk:
             def observe() -> Generator[None, None, None]:
                 try:
                     monitor.scan = yield from self.engine.observe_prompt_steps(
-                        tenant, request_id, parsed.prompt, arrived, model_text=parsed.model_text
+                        tenant,
+                        request_id,
+                        parsed.prompt,
+                        arrived,
+                        model_text=parsed.model_text,
+                        turns_known=parsed.turns_known,
                     )
                 except Exception as e:  # noqa: BLE001 -- fail open
                     monitor.detector_error = error_text(e)

@@ -129,6 +129,7 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
             model=opt_str(obj, "model"),
             n=1,
             user=user,
+            turns_known=True,
         )
     except Shape as exc:
         raise ProtocolError(f"{kind} request: {exc}") from None

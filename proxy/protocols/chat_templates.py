@@ -133,14 +133,16 @@ def split_turns(prompt: str) -> list[Turn] | None:
     return None
 
 
-def conversation_texts(prompt: str) -> tuple[str, str]:
-    """``(text, model_text)`` of a prompt that may be a rendered conversation: the
-    turns' texts joined by ``"\\n"`` (what a chat request of the same turns yields) and
-    the model's turns among them; ``(prompt, "")`` when no template is recognised."""
+def conversation_texts(prompt: str) -> tuple[str, str, bool]:
+    """``(text, model_text, turns_known)`` of a prompt that may be a rendered
+    conversation: the turns' texts joined by ``"\\n"`` (what a chat request of the same
+    turns yields), the model's turns among them, and True; ``(prompt, "", False)`` when
+    no template is recognised."""
     turns = split_turns(prompt)
     if turns is None:
-        return prompt, ""
-    return "\n".join(t.text for t in turns), "\n".join(t.text for t in turns if t.by_model)
+        return prompt, "", False
+    text = "\n".join(t.text for t in turns)
+    return text, "\n".join(t.text for t in turns if t.by_model), True
 
 
 def _split(prompt: str, style: _Style) -> list[Turn] | None:

@@ -137,7 +137,7 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
         n = params.get("n") if isinstance(params, dict) else None
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             n = 1
-        prompt, model_text = conversation_texts("\n".join(pieces))
+        prompt, model_text, turns_known = conversation_texts("\n".join(pieces))
         return ParsedRequest(
             prompt=prompt,
             model_text=model_text,
@@ -145,6 +145,7 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
             model=opt_str(obj, "model"),
             n=prompts * n,
             user=None,
+            turns_known=turns_known,
         )
     except Shape as exc:
         raise ProtocolError(f"{kind} request: {exc}") from None

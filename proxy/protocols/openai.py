@@ -74,7 +74,9 @@ class ParsedRequest:
 
     ``model_text`` is the part of ``prompt`` that a model wrote: earlier ``assistant``
     turns of a chat or of a rendered conversation (the detector treats it like an
-    output, not like a user's words).
+    output, not like a user's words). ``turns_known``: the request says who wrote what
+    (a chat, a rendered conversation whose template was read), so the rest of
+    ``prompt`` is its users' words; a plain completions string may quote a model.
 
     ``n`` defaults to 1; ``model`` and ``user`` are ``None`` when absent.
     """
@@ -85,6 +87,7 @@ class ParsedRequest:
     model: str | None
     n: int
     user: str | None
+    turns_known: bool = False
 
 
 class OutputDelta(NamedTuple):
@@ -128,6 +131,7 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
     try:
         pieces: list[str] = []
         model_pieces: list[str] = []
+        turns_known = route == "chat"
         if route == "chat":
             messages = obj.get("messages")
             if not isinstance(messages, list):
@@ -140,7 +144,7 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
                     _message_texts(message, model_pieces)
         else:
             _prompt_texts(obj.get("prompt"), pieces)
-            text, model_text = conversation_texts("\n".join(pieces))
+            text, model_text, turns_known = conversation_texts("\n".join(pieces))
             pieces, model_pieces = [text] if text else [], [model_text]
             opt_text(obj.get("suffix"), pieces)
         stream = obj.get("stream")
@@ -158,6 +162,7 @@ def parse_request(route: Route, body: bytes) -> ParsedRequest:
             model=opt_str(obj, "model"),
             n=n,
             user=opt_str(obj, "user"),
+            turns_known=turns_known,
         )
     except Shape as exc:
         raise ProtocolError(f"{route} request: {exc}") from None

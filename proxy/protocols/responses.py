@@ -140,6 +140,7 @@ def parse_request(kind: str, body: bytes) -> ParsedRequest:
             model=opt_str(obj, "model"),
             n=1,
             user=opt_str(obj, "user") or opt_str(obj, "safety_identifier"),
+            turns_known=True,
         )
     except Shape as exc:
         raise ProtocolError(f"{kind} request: {exc}") from None

@@ -119,6 +119,7 @@ def encode(record: Record) -> bytes:
             "e": [list(e) for e in record.entities],
             "seq": record.seq,
             "lw": record.low_water,
+            "tk": record.turns_known,
         }
     elif isinstance(record, OutputRecord):
         obj = {
@@ -155,6 +156,7 @@ def decode(line: bytes) -> Record:
             tuple((str(k), str(i)) for k, i in d["e"]),
             int(d["seq"]),
             int(d["lw"]),
+            bool(d.get("tk", False)),  # journals before it: unknown, as plain completions
         )
     if kind == "output":
         return OutputRecord(
