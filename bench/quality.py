@@ -130,7 +130,12 @@ def run_traffic(
             answer = answer_for(prompt)
             answer, fault = injector.apply(req.tenant, req.request_id, prompt, answer)
             scan = engine.observe_prompt(
-                req.tenant, req.request_id, prompt, now=clock, model_text=model_text_of(req)
+                req.tenant,
+                req.request_id,
+                prompt,
+                now=clock,
+                model_text=model_text_of(req),
+                turns_known=req.endpoint == "chat",  # as the proxy reads a chat's roles
             )
             ex = Exchange(req.tenant, req.request_id, prompt, answer, fault, index=len(exchanges))
             ex.scan = scan
