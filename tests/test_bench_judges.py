@@ -45,3 +45,32 @@ def test_the_producer_judge():
     assert producer_replay.misses([dataclasses.replace(lacking, returncode=0)])
     assert producer_replay.misses([dataclasses.replace(lacking, complete=400, returncode=1)])
     assert producer_replay.misses([dataclasses.replace(lacking, reason="")])
+
+
+human_leaks = bench_module("human_leaks")
+
+
+def human_run(findings, *, mode="shadow", delivered=""):
+    """One target leak (8 of the source's own plain words on v-1) and one clean answer."""
+    message = human_leaks.Message
+    source = message("s-1", "t1", "personal", "my manager wants me to take a pay cut after six years")
+    victim = message("v-1", "t2", "question", "Q: What is an index?\nA:")
+    clean = message("c-1", "t3", "question", "Q: What is an index?\nA:")
+    fault = {"request_id": "v-1", "source_request_id": "s-1", "kind": "prompt_page",
+             "leaked_text": "my manager wants me to take a pay cut"}  # fmt: skip
+    every = {r.request_id: r for r in (source, victim, clean)}
+    outputs = {"v-1": f"An index speeds up reads. {delivered}"}
+    return human_leaks.Run(mode, 0, [victim, clean], every, outputs, [fault], findings, [])
+
+
+def test_the_human_leaks_judge():
+    found = {"request_id": "v-1", "source_tenant": "t1"}
+    run = human_run([found])
+    assert human_leaks.report("ok", run, human_leaks.score(run)) == []
+    for bad in (
+        human_run([]),  # the leak missed
+        human_run([found, {"request_id": "c-1", "source_tenant": "t1"}]),  # clean flagged
+        human_run([{"request_id": "v-1", "source_tenant": "t9"}]),  # the wrong source
+        human_run([found], mode="enforce", delivered="my manager wants me to take a pay cut"),
+    ):
+        assert human_leaks.report("bad", bad, human_leaks.score(bad)), bad.findings
