@@ -326,6 +326,8 @@ def make_response(
     candidates = [
         p for p in fill_res.kept if p.tenant != tenant and (kind != "entity" or p.entities)
     ]
+    if not candidates:  # a small index: every entity leaked once already
+        return text, None, ""
     source = rng.choice(candidates)
     if kind == "fragment":
         start = rng.randrange(len(source.words) - PAGE_WORDS)
