@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy.protocols import reference
+from proxy.protocols import sse_reference
 from proxy.protocols.sse import SSEDecoder, SSEEvent
 
 
@@ -321,10 +321,10 @@ def test_chunks_cut_between_events_decode_as_one_byte_at_a_time(blocks: list[byt
 
 
 def both_decode(chunks: list[bytes]) -> None:
-    """The compiled decoder and ``reference.SSEDecoder`` return the same events after
+    """The compiled decoder and ``sse_reference.SSEDecoder`` return the same events after
     every chunk, the same ``truncated`` and ``bytes_seen``, and both refuse a feed
     after close."""
-    compiled, python = SSEDecoder(), reference.SSEDecoder()
+    compiled, python = SSEDecoder(), sse_reference.SSEDecoder()
     for chunk in chunks:
         assert compiled.feed(chunk) == python.feed(chunk)
     assert compiled.close() == python.close()

@@ -4,7 +4,7 @@ reading an OpenAI stream's events; and cutting a byte stream into whole events.
 
 Every event of every stream is decoded and read here, a hundred or more per answer: in
 Python they took ~1.2 and ~2.5 us an event, a fifth of a replay's time.
-``SSEDecoderCore`` does what ``proxy.protocols.reference.SSEDecoder`` does, step for
+``SSEDecoderCore`` does what ``proxy.protocols.sse_reference.SSEDecoder`` does, step for
 step (``proxy.protocols.sse.SSEDecoder`` is the class the proxy uses; ``tests/test_sse.py``
 holds the two to the same events). ``openai_event_deltas`` reads the events of the usual
 shape and declines the others, which ``openai.StreamParser.read_event`` reads

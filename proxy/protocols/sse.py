@@ -63,7 +63,7 @@ class SSEDecoder(_wire.SSEDecoderCore):
     __slots__ = ()
 
     # ``feed(chunk)``, ``close()``, ``truncated`` and ``bytes_seen`` are the compiled
-    # core's (``proxy.protocols._wire``); ``proxy.protocols.reference.SSEDecoder`` is the
+    # core's (``proxy.protocols._wire``); ``proxy.protocols.sse_reference.SSEDecoder`` is the
     # Python they are held to.
 
     def __init__(self) -> None:
