@@ -13,7 +13,8 @@ The judge owes nothing to the engine. A fault is a *target* when its inserted te
 one of the source request's identifiers (``Request.values``) that the victim's own prompt
 does not, or 8 consecutive words (its own tokenizer, casefolded) of the source's prompt
 that no other tenant's prompt holds. A page of a prompt that pasted public text is a
-*recitation*: never a leak. Other faults (a page of an answer to a shared question, a
+*recitation*: never a leak (besides the workload's own, the simulator's test hooks make
+one more answer recite 32 words of each paste, ``recitations``). Other faults (a page of an answer to a shared question, a
 few words) are reported as their own row. Answers the simulator did not touch are
 *clean*.
 
@@ -68,6 +69,34 @@ PERSONAL_KINDS = ("full_name", "amount", "account", "street", "employer")
 class Message(human_text.Request):
     system: str = ""  # chat requests: the tenant's system prompt (shared by its requests)
     chat: bool = False
+    headers: dict[str, str] = field(default_factory=dict)  # to the simulator
+
+
+#: Pasted licence paragraphs recited at the end of a run, each into one more answer.
+RECITATIONS = 24
+RECITED_WORDS = 32
+
+
+def recitations(
+    judged: list[Message], tenants: list[human_text.Tenant], seed: int
+) -> list[Message]:
+    """One more request per pasted licence paragraph (up to ``RECITATIONS``), from
+    another tenant, whose answer the simulator makes recite ``RECITED_WORDS`` words of
+    that paste (its test hooks): public text every model has read, never a leak."""
+    rng = random.Random(seed + 7)
+    pastes = [r for r in judged if r.kind == "public"][:RECITATIONS]
+    out = []
+    for i, paste in enumerate(pastes):
+        tenant = rng.choice([t for t in tenants if t.name != paste.tenant])
+        q = rng.choice(human_text.QUESTIONS)
+        headers = {"x-sim-fault": "prompt_page", "x-sim-fault-source": paste.request_id,
+                   "x-sim-fault-words": str(RECITED_WORDS)}  # fmt: skip
+        out.append(
+            Message(
+                f"recite-{seed}-{i:03d}", tenant.name, "question", f"Q: {q}\nA:", headers=headers
+            )
+        )
+    return out
 
 
 def licence_paragraphs() -> list[str]:
@@ -149,7 +178,7 @@ def send_all(base: str, requests: list[Message], keys: dict[str, str], concurren
 
     def one(r: Message) -> None:
         client, text, cut = clients[r.tenant], [], False
-        headers = {"X-Request-ID": r.request_id}
+        headers = {"X-Request-ID": r.request_id, **r.headers}
         try:
             if r.chat:
                 messages = [{"role": "system", "content": r.system}, {"role": "user", "content": r.prompt}]  # fmt: skip
@@ -206,6 +235,9 @@ def run_once(tmp: Path, mode: str, tenants, seed: int, n: int, warm: int) -> Run
         if warmup:
             send_all(base, warmup, keys)
         outputs, _, errors = send_all(base, judged, keys)
+        recited, _, more_errors = send_all(base, recitations(judged, tenants, seed), keys)
+        outputs.update(recited)
+        errors += more_errors
     finally:
         stop_processes(procs, timeout=30)
     (tmp / "client.json").write_text(json.dumps({"outputs": outputs, "errors": errors}))
@@ -218,6 +250,7 @@ def load_run(tmp: Path, mode: str, tenants, seed: int, n: int, warm: int,
     engine's over the run's capture (``crosstalk replay``; ``detection``: lines added to
     its ``[detection]`` section), for trying a change."""
     judged = make_workload(n, tenants, seed, "hl")
+    judged += recitations(judged, tenants, seed)
     warmup = make_workload(warm, tenants, seed + 1000, "warm") if warm else []
     client = json.loads((tmp / "client.json").read_text())
     if replay:
