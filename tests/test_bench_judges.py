@@ -53,7 +53,9 @@ human_leaks = bench_module("human_leaks")
 def human_run(findings, *, mode="shadow", delivered=""):
     """One target leak (8 of the source's own plain words on v-1) and one clean answer."""
     message = human_leaks.Message
-    source = message("s-1", "t1", "personal", "my manager wants me to take a pay cut after six years")
+    source = message(
+        "s-1", "t1", "personal", "my manager wants me to take a pay cut after six years"
+    )
     victim = message("v-1", "t2", "question", "Q: What is an index?\nA:")
     clean = message("c-1", "t3", "question", "Q: What is an index?\nA:")
     fault = {"request_id": "v-1", "source_request_id": "s-1", "kind": "prompt_page",

@@ -38,15 +38,12 @@ FORMATS = ("anthropic", "responses", "sglang", "tgi")
 REQUESTS, TENANTS = 1600, 16  # 400 a format
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.15", "--seed", "5")
 MODEL = "sim-llm-1"
-# Floors below the measured figures, as in test_leaks_e2e. Since a finding must point
-# into the leaked text (tests/traffic.py), the enforce run measured 58/65 (0.89) twice
-# and up to 0.95 in four other runs of 2026-12-01; the floor leaves room for the faults,
-# which differ from run to run. The per-format floor is there to catch one format's
-# parsing going wrong, so sampling must not reach it: at ~15 targets a format each
-# (borderline, order-dependent) miss cost 7 points, and a CI run fell under it; at 400
-# requests a format (~30 targets) no format was under 0.93 in six loaded runs
-# (docs/api-formats.md).
-MIN_RECALL, MIN_FORMAT_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.85, 0.75, 0.95, 0.005
+# Floors below the measured figures, as in test_leaks_e2e: 2026-12-06 at 5c5a0db, shadow
+# 142/145 and enforce 126/130 (a finding must point into the leaked text), no format
+# under 30/32 in shadow or 33/36 in enforce. The per-format floor is there to catch one
+# format's parsing going wrong, so sampling must not reach it: at ~30 targets a format
+# one borderline, order-dependent miss costs 3 points.
+MIN_RECALL, MIN_FORMAT_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.93, 0.85, 0.95, 0.005
 
 
 def key_of(tenant: str) -> str:

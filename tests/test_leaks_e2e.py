@@ -21,11 +21,12 @@ from proxy.factory import build_engine
 from proxy.store import journal
 
 REQUESTS, TENANTS = 1500, 24
-# Measured on this workload (docs/benchmarks.md, "End to end"): 93-100% of target leaks
-# found (a finding must point into the leaked text), 98-100% of them with the right
-# source, 0 false positives in ~1,350 clean responses, warm and fresh. The recall and
-# source floors sit below with a margin for the faults, which differ from run to run.
-MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.9, 0.97, 0.002
+# Measured on this workload (docs/benchmarks.md, "End to end"): 2026-12-06 at 5c5a0db,
+# 78/79 shadow warm, 69/71 enforce fresh, 77/79 enforce warm (a finding must point into
+# the leaked text), every one with the right source, 0 of ~1,350 clean responses
+# flagged. The floors leave room for 3-4 misses of ~75 (the faults differ from run to
+# run; 2026-12-01's runs read 0.93-0.99).
+MIN_RECALL, MIN_RIGHT_SOURCE, MAX_FALSE_POSITIVES = 0.95, 0.97, 0.002
 SIM_ARGS = ("--token-delay", "0.001", "--split-words", "--leak-rate", "0.1", "--seed", "11")
 
 

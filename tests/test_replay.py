@@ -170,8 +170,9 @@ def test_replay_of_capture_finds_what_live_shadow_mode_found(captured, replayed_
     assert len(j_replay.targets) >= 10
     assert [f["request_id"] for f in j_replay.found] == [f["request_id"] for f in j_live.found]
     # The detector's recall is the e2e tests' business (warm engine, 1,500 requests);
-    # here a floor that shows the capture holds the leaks, found again.
-    assert len(j_replay.found) / len(j_replay.targets) >= 0.8
+    # here a floor that shows the capture holds the leaks, found again (29/30 measured
+    # 2026-12-06; three misses of ~30 allowed).
+    assert len(j_replay.found) / len(j_replay.targets) >= 0.9
     assert len(j_replay.right_source) == len(j_live.right_source)
     same = len(set(all_fields(live)) & set(all_fields(events)))
     print(
