@@ -84,7 +84,8 @@ def recitations(
     another tenant, whose answer the simulator makes recite ``RECITED_WORDS`` words of
     that paste (its test hooks): public text every model has read, never a leak."""
     rng = random.Random(seed + 7)
-    pastes = [r for r in judged if r.kind == "public"][:RECITATIONS]
+    # Pastes the simulator still holds: it remembers its last 256 exchanges.
+    pastes = [r for r in judged[-200:] if r.kind == "public"][:RECITATIONS]
     out = []
     for i, paste in enumerate(pastes):
         tenant = rng.choice([t for t in tenants if t.name != paste.tenant])

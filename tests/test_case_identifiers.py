@@ -134,7 +134,7 @@ def test_case_keys():
     keys = set(iter_case_keys(SOURCE, []))
     assert ("reference", "qrs-408172") in keys and ("reference", "408172") in keys
     assert ("reference", "inv-55210") in keys and ("reference", "k40517m") in keys
-    assert ("amount", "7,318.40") in keys
+    assert ("amount:EUR", "7,318.40") in keys
     assert ("name", "ingrid vasquez-tolland") in keys and ("name", "kestrel and sons") in keys
     # A date, a year and a short count are nobody's reference.
     assert not list(iter_case_keys("On 2024-01-15, in 2023, 3 of 12 items, pay $500.00.", []))
@@ -333,7 +333,7 @@ def test_a_firms_own_answers_do_not_make_its_name_a_models():
 
 @pytest.mark.parametrize(
     ("written", "found"),
-    [("EUR 919.69", True), ("EUR 2,919.69", False), ("EUR 1.919.69", False), ("919.69.5", False)],
+    [("GBP 919.69", True), ("GBP 2,919.69", False), ("GBP 1.919.69", False), ("919.69.5", False)],
 )
 def test_an_amount_inside_a_longer_number_is_not_that_amount(written, found):
     """ "919.69" is not in "2,919.69": a digit group's separator between digits joins
@@ -367,3 +367,17 @@ def test_the_words_of_a_firms_name_its_own_answers_write_stay_the_firms():
     output = "Reply from the Carroll Inc support team: we are on it."
     found = answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 5)
     assert [(f.kind, f.source_tenant) for f in found] == [(ENTITY, "acme")]
+
+
+@pytest.mark.parametrize(
+    ("written", "found"),
+    [("€1,815.87", True), ("EUR 1,815.87", True), ("1,815.87", True), ("1,815.87 EUR", True),
+     ("CHF 1,815.87", False), ("$1,815.87", False), ("1,815.87 GBP", False)],
+)  # fmt: skip
+def test_an_amount_in_another_currency_is_another_amount(written, found):
+    """ "CHF 1,815.87" a model made up is not the "€1,815.87" of another tenant's ticket
+    (bench/human_leaks.py flagged a clean answer so, seed 3, warm)."""
+    e = engine()
+    answer(e, "acme", "src-1", "The rent payment of €1,815.87 bounced.", "Noted.", T0)
+    output = f"The adjusted figure is {written} (ref. 12)."
+    assert bool(answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)) is found

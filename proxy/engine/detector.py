@@ -36,18 +36,19 @@ from proxy.engine import _core
 from proxy.engine._core import EntityOwner, RequestRecord
 from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
-    CASE_KINDS,
     PROPER_NAME,
     EntityIndex,
     EntityScanner,
     company_head,
     extract_entities,
     fold,
+    is_case_kind,
     iter_case_keys,
     iter_entity_keys,
     iter_model_names,
     name_words,
     public_number_texts,
+    same_currency,
     written_as_name,
 )
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnowed
@@ -367,7 +368,7 @@ class Engine(_core.EngineClock):
                     texts[entity_id] = key
                     entities.append((MODEL_NAME, entity_id))
             for kind, key in iter_entity_keys(text, self._common_word, self._surname):
-                if kind in CASE_KINDS and (not self.config.case_identifiers or key in model_keys):
+                if is_case_kind(kind) and (not self.config.case_identifiers or key in model_keys):
                     continue
                 if kind in NAME_KINDS and self._model_written(key, kind):
                     kind = QUOTED_NAME
@@ -732,9 +733,9 @@ class ResponseScan(_core.ScanFields):
         self, state: _ChoiceState, choice: int, matches: list[tuple[int, int, str]]
     ) -> list[Finding]:
         """Entities the choice's stream met, ``(start, end, entity id)``: recorded with
-        the feed they came in, and judged. A firm the victim's own prompt names, and a
-        name of plain words not written as a name, are dropped before they are recorded,
-        so that a replay of the records agrees."""
+        the feed they came in, and judged. A firm the victim's own prompt names, a name
+        of plain words not written as a name, and an amount written in another currency
+        are dropped before they are recorded, so that a replay of the records agrees."""
         if matches and self.engine.config.case_identifiers and state.entities is not None:
             folded = state.entities.text  # joined once: matches are rare, the stream long
             raw = state.entities.raw_text
@@ -745,8 +746,8 @@ class ResponseScan(_core.ScanFields):
                 if not self._names_own_company(folded, *m)
                 and (
                     (owner := table.get(m[2])) is None
-                    or owner.kind != PROPER_NAME
-                    or written_as_name(raw, m[0], m[1])
+                    or (owner.kind != PROPER_NAME or written_as_name(raw, m[0], m[1]))
+                    and same_currency(owner.kind, raw, m[0], m[1])
                 )
             ]
         state.matches.extend((*m, len(state.batches)) for m in matches)
