@@ -25,6 +25,7 @@ test: $(STAMP)
 	@./scripts/ensure-gemma.sh >/dev/null
 	$(VENV)/bin/ruff check proxy addons tests bench
 	$(VENV)/bin/ruff format --check proxy addons tests bench
+	$(VENV)/bin/mypy
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 # Every benchmark runs; the target fails if any of them missed a target.

@@ -13,10 +13,13 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import IO, Any
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 import orjson
 import structlog
+
+if TYPE_CHECKING:
+    from structlog.typing import Processor
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
 FORMATS = ("auto", "json", "console")
@@ -33,17 +36,17 @@ def make_logger(path: str | Path | None = None, level: str = "info", fmt: str = 
         raise ValueError(f"log level must be one of {sorted(LEVELS)}")
     if fmt not in FORMATS:
         raise ValueError(f"log format must be one of {list(FORMATS)}")
-    stamp = [
+    stamp: list[Processor] = [
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="ts"),
     ]
     console = fmt == "console" or (fmt == "auto" and not path and sys.stderr.isatty())
     if console:
-        text: IO[str] = open(path, "a", encoding="utf-8") if path else sys.stderr  # noqa: SIM115
+        text: TextIO = open(path, "a", encoding="utf-8") if path else sys.stderr  # noqa: SIM115
         logger: Any = structlog.WriteLogger(text)
         renderer: Any = structlog.dev.ConsoleRenderer(colors=text.isatty(), timestamp_key="ts")
     else:
-        stream: IO[bytes] = open(path, "ab") if path else sys.stderr.buffer  # noqa: SIM115
+        stream: BinaryIO = open(path, "ab") if path else sys.stderr.buffer  # noqa: SIM115
         logger = structlog.BytesLogger(stream)
         renderer = structlog.processors.JSONRenderer(serializer=orjson.dumps)
     return structlog.wrap_logger(

@@ -50,7 +50,7 @@ _ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 # canary only by its keyed id find it that way).
 _CANARY_PREFIX = "Xq9"
 CANARY_LENGTH = len(_CANARY_PREFIX) + 22
-_CHAT_TEXT_FIELDS = ("content", "reasoning_content", "reasoning")
+_CHAT_TEXT_FIELDS: tuple[str, ...] = ("content", "reasoning_content", "reasoning")
 
 
 def cache_salt(secret: bytes, tenant: str, groups: Mapping[str, str] | None = None) -> str:

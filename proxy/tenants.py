@@ -29,7 +29,7 @@ import ipaddress
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 DEFAULT_SOURCES = ("header", "api_key", "user")
 SOURCES = (*DEFAULT_SOURCES, "jwt")
@@ -49,7 +49,12 @@ HASHED_KEY_PREFIX = "sha256:"
 
 
 class HeaderView(Protocol):
-    def get(self, key: str, default: str | None = None, /) -> str | None: ...
+    # Two overloads, not one signature with a default: mitmproxy's ``Headers`` get is
+    # Mapping's overloaded one, which a single signature would not match.
+    @overload
+    def get(self, key: str, /) -> str | None: ...
+    @overload
+    def get(self, key: str, default: str | None, /) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +72,7 @@ class TenantRules:
     jwt_audience: str = ""  # empty: the token's audience is not checked
     jwt_issuer: str = ""  # empty: the token's issuer is not checked
     _networks: tuple = field(init=False, repr=False, compare=False, default=())
-    _hashed: Mapping[str, str] = field(init=False, repr=False, compare=False, default=None)
+    _hashed: Mapping[str, str] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         unknown = set(self.sources) - set(SOURCES)

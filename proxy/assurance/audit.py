@@ -23,11 +23,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
 from proxy.defaults import ADVISORIES, shipped
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
 
 ENGINES = ("vllm", "sglang", "tgi", "llamacpp", "tensorrt_llm", "vllm_mlx")
 #: KV-cache add-ons that run inside an engine: their advisories are judged on any engine,
@@ -152,16 +155,17 @@ _REQUIRED = ("id", "kind", "engine", "title", "affected", "fixed", "setting", "a
 def load_advisories(path: str | Path | None = None) -> AdvisoryDB:
     """Read and validate the advisories file (default: the shipped one; its absence
     is an installation error, DefaultsMissing)."""
-    path = Path(path) if path else shipped(ADVISORIES)
+    # The file, or the shipped one (a Traversable: a Path unless installed zipped).
+    file: Path | Traversable = Path(path) if path else shipped(ADVISORIES)
     try:
-        raw = path.read_bytes()
+        raw = file.read_bytes()
         data = tomllib.loads(raw.decode())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise AdvisoryError(f"cannot read advisories {path}: {e}") from e
+        raise AdvisoryError(f"cannot read advisories {file}: {e}") from e
     advisories = []
     seen: set[str] = set()
     for i, entry in enumerate(data.get("advisory", [])):
-        where = f"{path}: advisory #{i + 1} ({entry.get('id', '?')})"
+        where = f"{file}: advisory #{i + 1} ({entry.get('id', '?')})"
         missing = [k for k in _REQUIRED if not isinstance(entry.get(k), str)]
         if missing:
             raise AdvisoryError(f"{where}: missing or non-text field(s) {missing}")
@@ -204,12 +208,12 @@ def load_advisories(path: str | Path | None = None) -> AdvisoryDB:
     standards = []
     for i, entry in enumerate(data.get("standard", [])):
         if not all(isinstance(entry.get(k), str) for k in ("id", "title", "source")):
-            raise AdvisoryError(f"{path}: standard #{i + 1}: id, title and source are required")
+            raise AdvisoryError(f"{file}: standard #{i + 1}: id, title and source are required")
         standards.append(Standard(entry["id"], entry["title"], entry["source"]))
     return AdvisoryDB(
         tuple(advisories),
         defaults,
-        str(path),
+        str(file),
         hashlib.sha256(raw).hexdigest(),
         tuple(standards),
     )

@@ -13,11 +13,19 @@ from __future__ import annotations
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import Protocol, cast
 
 VOCABULARY = "vocabulary"
 BASELINE = "baseline"
 ADVISORIES = "advisories.toml"
 NAMES = "names"
+
+
+class _TextFile(Protocol):
+    """What ``read_texts`` reads a file as: the Traversables importlib.resources gives
+    (``pathlib.Path``, ``zipfile.Path``) take ``errors``; the Traversable ABC omits it."""
+
+    def read_text(self, encoding: str | None = None, errors: str | None = None) -> str: ...
 
 
 class DefaultsMissing(RuntimeError):
@@ -52,7 +60,7 @@ def read_texts(root: Traversable | Path) -> list[str]:
     removed."""
     texts = []
     for item in sorted(_txt_files(root), key=lambda t: str(t)):
-        lines = item.read_text(encoding="utf-8", errors="replace").splitlines()
+        lines = cast(_TextFile, item).read_text(encoding="utf-8", errors="replace").splitlines()
         texts.append("\n".join(line for line in lines if not line.lstrip().startswith("#")))
     return texts
 

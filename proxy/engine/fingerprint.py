@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 from collections import deque
 from collections.abc import Iterable, Sequence
+from typing import cast
 
 from proxy.engine import _core
 
@@ -64,7 +65,7 @@ class Hasher:
         hashes = list(map(self._cache.get, texts))
         if None in hashes:  # a word not seen lately (the cache answers most)
             hashes = [self.unit(t) if h is None else h for t, h in zip(texts, hashes, strict=True)]
-        return hashes
+        return cast("list[int]", hashes)  # no None left
 
     def kgram(self, unit_hashes: Iterable[int]) -> int:
         h = 0

@@ -16,6 +16,7 @@ from __future__ import annotations
 import mmap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class FingerprintIndex(_core.IndexFields):
     def nbytes(self) -> int:
         """Approximate memory held: numpy buffers plus ~100 bytes per hot entry."""
         frozen = sum(
-            g.keys.nbytes + g.values.nbytes + len(g.bitmap) + g.starts.nbytes
+            g.keys.nbytes + g.values.nbytes + len(g.bitmap) + cast(np.ndarray, g.starts).nbytes
             for g in self._generations
         )
         return frozen + len(self._any) + 100 * self._hot_count

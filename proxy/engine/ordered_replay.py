@@ -17,6 +17,9 @@ from typing import NamedTuple
 from proxy.engine.detector import Engine, Finding, ResponseScan
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
 
+# What the heap holds: a prompt, a canary, or one feed of an output's choice.
+_Step = PromptRecord | CanaryRecord | tuple[OutputRecord, ChoiceRecord, int]
+
 
 class ReplayedFinding(NamedTuple):
     tenant: str  # the victim
@@ -31,7 +34,7 @@ class RecordReplayer:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self._heap: list[tuple[int, int, int, tuple]] = []
+        self._heap: list[tuple[int, int, int, _Step]] = []
         self._ties = itertools.count()
         self._scans: dict[int, ResponseScan] = {}  # prompt seq -> scan
         self.records = 0
@@ -65,7 +68,7 @@ class RecordReplayer:
                 break
             del scans[seq]
 
-    def _add(self, seq: int, order: int, step: object) -> None:
+    def _add(self, seq: int, order: int, step: _Step) -> None:
         heapq.heappush(self._heap, (seq, order, next(self._ties), step))
 
     def _run_below(self, low_water: int | None) -> list[ReplayedFinding]:
@@ -76,7 +79,7 @@ class RecordReplayer:
             found += self._run(step)
         return found
 
-    def _run(self, step: object) -> list[ReplayedFinding]:
+    def _run(self, step: _Step) -> list[ReplayedFinding]:
         if isinstance(step, PromptRecord):
             self._scans[step.seq] = self.engine.ingest_prompt(step)
             self._forget_before(step.time - self.engine.config.window_seconds)

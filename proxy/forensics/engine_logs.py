@@ -44,7 +44,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -213,11 +213,12 @@ def sglang_exchange(
     """One SGLang request from its Finish line (``finished``) and, when seen, its Receive;
     ``time_guessed``: its lines had no wall-clock time (``HostClock.guess``)."""
     fields = finished if finished is not None else received.fields  # type: ignore[union-attr]
-    obj = fields.get("obj") if isinstance(fields.get("obj"), dict) else {}
-    first = (
+    obj = cast(dict, fields.get("obj") if isinstance(fields.get("obj"), dict) else {})
+    first = cast(
+        dict,
         received.fields.get("obj")
         if received and isinstance(received.fields.get("obj"), dict)
-        else {}
+        else {},
     )
     partial: list[str] = []
     if time_guessed:
@@ -239,7 +240,7 @@ def sglang_exchange(
     took = seconds(latency, "e2e_latency") if isinstance(latency, int | float) else None
     # The Receive line's own time: SGLang's received_time is a perf_counter reading.
     begin = received.time if received is not None else end - took if took is not None else end
-    headers = fields.get("headers") if isinstance(fields.get("headers"), dict) else {}
+    headers = cast(dict, fields.get("headers") if isinstance(fields.get("headers"), dict) else {})
     rid = fields.get("rid")
     view = {**fields, "obj": obj or first}
     note = None

@@ -240,7 +240,7 @@ class LoggedExchange:
     end: float
     path: str
     request: dict | None
-    response: dict | None
+    response: dict | list | None  # a list: the answer to a batch (SGLang /generate)
     request_id: str | None = None
     tenant: str | None = None
     tenant_missing: str | None = None

@@ -207,10 +207,10 @@ def span_exchange(
         raise ValueError("a span without startTimeUnixNano")
     end = _nanos(span.get("endTimeUnixNano"), "endTimeUnixNano") or begin
     failed = (span.get("status") or {}).get("code") in (2, "STATUS_CODE_ERROR") and not outputs
-    request = None
+    request: dict[str, Any] | None = None
     if inputs is not None or system is not None:
         request = {"messages": (system or []) + (inputs or [])}
-    response = None
+    response: dict[str, Any] | None = None
     if outputs is not None:
         response = {"choices": [
             {"index": i, "message": {"role": "assistant", "content": m["content"]}}

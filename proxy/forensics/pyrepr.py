@@ -231,6 +231,7 @@ class _Reader:
     def fields(
         self, i: int, separator: str, depth: int, *, positional: bool = False
     ) -> tuple[dict[str, Any], int]:
+        out: dict[str, Any]
         s, out, n = self.s, {}, 0
         label = _LABELS[separator]
         while True:

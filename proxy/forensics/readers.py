@@ -26,7 +26,7 @@ import gzip
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, cast
 
 import orjson
 
@@ -216,7 +216,7 @@ def read_flows(source: InputFile, on_skip: OnSkip) -> Iterator[ExchangeRecord]:
     number, offset = 0, fo.tell()  # offset: where the next record starts
     while True:
         try:
-            for flow in FlowReader(fo).stream():
+            for flow in FlowReader(cast(BinaryIO, fo)).stream():
                 number += 1
                 start, offset = offset, fo.tell()
                 if not isinstance(flow, http.HTTPFlow):
@@ -274,7 +274,7 @@ def _flow_at(fo: IO[bytes], offset: int, digits: bytes) -> bool:
         return False
     fo.seek(offset)
     try:
-        return next(iter(FlowReader(fo).stream()), None) is not None
+        return next(iter(FlowReader(cast(BinaryIO, fo)).stream()), None) is not None
     except Exception:  # noqa: BLE001 -- any parse failure: not a record start
         return False
 
@@ -314,6 +314,7 @@ def har_entries(fo: IO[bytes]) -> Iterator[tuple[int, int, bytes]]:
             continue
         char = m.group()
         if char == b'"':
+            assert s is not None  # the whole string matched above
             if depth == 2:
                 last_key = s.group()
             pos = s.end()

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import Any, cast
 
 from mitmproxy import ctx, exceptions, http
 
@@ -244,6 +244,7 @@ class CrossTalk:
             hello, nice=self.config.policy.shadow_detector_nice, on_event=self._detector_event
         )
         self.detector.start()
+        assert self.detector.proc is not None  # start() made the child
         self.mirror = FlowMirror(self.detector)
         self.log.info(
             "crosstalk.configured",
@@ -296,6 +297,7 @@ class CrossTalk:
                 detail="new exchanges pass unscanned until the detector catches up",
             )
         elif event == "caught_up":
+            assert self.mirror is not None  # set while its detector runs (_start_detector)
             self.log.info("detector.caught_up", backlog_bytes=detail, skipped=self.mirror.skipped)
 
     def _replace_detector(self) -> None:
@@ -359,6 +361,7 @@ class CrossTalk:
         settings = configuration.journal_settings(self.config)
         if settings is None:
             return
+        assert self.engine is not None  # configure built it just before
         try:
             self.journal = JournalWriter(settings, self.engine.hasher.key_id, self.engine.config.k)
         except OSError as e:
@@ -378,6 +381,7 @@ class CrossTalk:
         mitmproxy listens; on a later reconfiguration the consumer catches up instead."""
         if self.index is not None:
             self.index.close()
+        assert self.engine is not None  # configure built it just before
         self.index = open_index(self.config, self.engine, self.log, self.counters)
         if self.index is not None and not self._running:
             self.index.load_window()
@@ -411,6 +415,7 @@ class CrossTalk:
         path = self.config.detection.state_file
         if not path:
             return
+        assert self.engine is not None  # configure built it just before
         try:
             self.engine.load_commonness(path)
             self.log.info("state.loaded", path=path)
@@ -457,7 +462,9 @@ class CrossTalk:
         if identity.tenant is None and self.mirror is not None:
             with contextlib.suppress(ProtocolError):  # the detector logs request.unparsed
                 parsed = route.parse_request(flow.request.get_content(strict=False) or b"")
-            identity = identify(self.rules, headers, parsed and parsed.user, trusted=trusted)
+            # A ParsedRequest is never falsy: this is its user or None.
+            user = cast("str | None", parsed and parsed.user)
+            identity = identify(self.rules, headers, user, trusted=trusted)
         tenant = identity.tenant
         if identity.ignored:
             self.counters["tenant_claims_untrusted"] += 1
@@ -514,7 +521,9 @@ class CrossTalk:
 
             def observe() -> Generator[None, None, None]:
                 try:
-                    monitor.scan = yield from self.engine.observe_prompt_steps(
+                    # The inline engine. Not narrowed: a reconfiguration to a detector
+                    # process before this runs leaves None (an error, failing open).
+                    monitor.scan = yield from cast(Engine, self.engine).observe_prompt_steps(
                         tenant,
                         request_id,
                         parsed.prompt,
@@ -550,6 +559,7 @@ class CrossTalk:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         response = flow.response
+        assert response is not None  # responseheaders: mitmproxy has the response
         is_sse = "text/event-stream" in response.headers.get("content-type", "")
         if monitor is not None:
             response.headers["x-request-id"] = monitor.request_id
@@ -576,6 +586,7 @@ class CrossTalk:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
         if monitor is None:
             return
+        assert flow.response is not None  # the response hook: mitmproxy has the response
         if self.mirror is not None:
             if (reason := flow.metadata.pop(UNSCANNED_KEY, None)) is not None:
                 self._log_unscanned(flow, reason)

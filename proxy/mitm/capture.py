@@ -26,6 +26,7 @@ import asyncio
 import sys
 import time
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -91,13 +92,14 @@ class StreamTee:
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response
+        assert response is not None  # responseheaders: mitmproxy has the response
         inner = response.stream
         if not inner:
             return  # buffered: mitmproxy keeps the body itself
         received = _Received(response.timestamp_start or time.time())
         flow.metadata[TEE_KEY] = received
 
-        def tee(chunk: bytes) -> bytes | list[bytes]:
+        def tee(chunk: bytes) -> Iterable[bytes] | bytes:
             if chunk:
                 received.add(chunk)
             out = inner(chunk) if callable(inner) else chunk

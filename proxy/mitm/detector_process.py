@@ -140,6 +140,7 @@ class DetectorProcess:
             preexec_fn=_lower_priority(self.nice) if self.nice else None,
             close_fds=True,
         )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # PIPE: set
         os.set_blocking(self.proc.stdin.fileno(), False)
         os.set_blocking(self.proc.stdout.fileno(), False)
         self.alive = True
@@ -198,6 +199,7 @@ class DetectorProcess:
             self._enqueue(encode("stop"))
             self._flush_blocking(timeout)
         self._stop_io()
+        assert proc.stdin is not None  # started with stdin=PIPE
         with contextlib.suppress(OSError):
             proc.stdin.close()
         try:
@@ -243,6 +245,7 @@ class DetectorProcess:
     def _write_available(self) -> None:
         """Write queued frames, up to ``IOV_MAX`` per system call, until the pipe is
         full (a partly written frame keeps its rest at the head) or nothing is left."""
+        assert self.proc is not None and self.proc.stdin is not None  # start() set them
         fd = self.proc.stdin.fileno()
         out = self._out
         while out:
@@ -266,6 +269,8 @@ class DetectorProcess:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # no loop (a synchronous caller): the next write on the loop registers
+        assert self.proc is not None and self.proc.stdin is not None  # start() set them
+        assert self.proc.stdout is not None
         if self._loop is None:
             self._loop = loop
             loop.add_reader(self.proc.stdout.fileno(), self._read_some)
@@ -276,6 +281,7 @@ class DetectorProcess:
         self._writing = writing
 
     def _read_some(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None  # start() set them
         try:
             data = os.read(self.proc.stdout.fileno(), READ_SIZE)
         except BlockingIOError:
@@ -323,6 +329,9 @@ class DetectorProcess:
         loop = self._loop
         if loop is None or loop.is_closed():
             return
+        # A loop is watched only once started (_watch): the pipes are set.
+        assert self.proc is not None and self.proc.stdin is not None
+        assert self.proc.stdout is not None
         loop.remove_reader(self.proc.stdout.fileno())
         loop.remove_writer(self.proc.stdin.fileno())
         self._writing = False
@@ -331,6 +340,7 @@ class DetectorProcess:
     def _flush_blocking(self, timeout: float) -> None:
         """At shutdown: write the rest as the child reads it, for at most ``timeout``."""
         deadline = time.monotonic() + timeout
+        assert self.proc is not None and self.proc.stdin is not None  # start() set them
         fd = self.proc.stdin.fileno()
         with contextlib.suppress(OSError):
             while self._out and (left := deadline - time.monotonic()) > 0:

@@ -76,6 +76,7 @@ class ExchangeCopies:
             if callable(stream):
                 stream(data)
         elif kind == "response":
+            assert flow.response is not None  # set by the copy's responseheaders, sent first
             del self.flows[xid]
             if monitor is not None:
                 monitor.ended = at

@@ -27,6 +27,10 @@ from proxy.mitm.flowstate import METADATA_KEY, addon_named, crosstalk_addon, det
 from proxy.pipeline.exchange import GC_PAUSES
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from prometheus_client.metrics_core import Metric
+
     from proxy.pipeline.exchange import ExchangeMonitor
 
 OTHER = "other"
@@ -74,7 +78,7 @@ class _Collector:
     def describe(self) -> list:
         return []  # dynamic families: no duplicate check at registration
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         crosstalk = crosstalk_addon()
         counters: dict[str, int] = dict(crosstalk.counters) if crosstalk is not None else {}
         prevention = addon_named("crosstalkprevention")

@@ -73,6 +73,7 @@ class CrossTalkPrevention:
             return
         flow.request.content = rewrite.body  # re-encoded if compressed; Content-Length set
         if rewrite.canary_added:
+            assert canary is not None  # only a given canary is added
             self._register(crosstalk, monitor.tenant, canary)
             flow.metadata[CANARY_KEY] = canary
             # The canary is removed from the plaintext stream: no compressed answer.
@@ -106,6 +107,7 @@ class CrossTalkPrevention:
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         canary = flow.metadata.get(CANARY_KEY)
         response = flow.response
+        assert response is not None  # responseheaders: mitmproxy has the response
         if canary is None or "text/event-stream" not in response.headers.get("content-type", ""):
             return
         if response.headers.get("content-encoding", "identity") not in ("", "identity"):
@@ -133,6 +135,7 @@ class CrossTalkPrevention:
             return
         stripper = flow.metadata.get(STRIPPER_KEY)
         removed = stripper.removed if stripper is not None else 0
+        assert flow.response is not None  # the response hook: mitmproxy has the response
         if not flow.response.stream and 200 <= flow.response.status_code < 300:
             stripped = strip_body(flow.response.get_content(strict=False) or b"", canary)
             if stripped is not None:

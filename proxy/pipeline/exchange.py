@@ -256,6 +256,7 @@ class ExchangeMonitor(MonitorFields):
 
     def _gated_chunk(self, chunk: bytes) -> list[bytes]:
         """``on_chunk`` of an enforced stream (the gate holds back its words)."""
+        assert self._gate is not None  # on_chunk comes here only while the gate is on
         if self._gate.cut_done:
             return []
         self._mark_cpu()
@@ -301,6 +302,7 @@ class ExchangeMonitor(MonitorFields):
             # Something else was queued after this exchange's last item (another
             # request's prompt, say): the chunk must not run before it.
             batch = self._open_batch = deque()
+            assert self.defer is not None  # on_chunk queues a chunk only with defer
             self.defer(self._run_queued, batch)
             self._queued_at = count() if count is not None else -1
         batch.append(chunk)
@@ -330,6 +332,9 @@ class ExchangeMonitor(MonitorFields):
         # A failure before the stream (its prompt not observed) leaves it unscanned and
         # gated as it was; one while scanning it fails open or closed at once.
         failed_before = self.detector_error is not None
+        # The gated stream's parts, all set by start_stream (on_chunk gates only then).
+        assert self._framer is not None and self._sse is not None
+        assert self._parser is not None and self._gate is not None
         self._unscanned.extend(self._framer.feed(chunk) if chunk else [])
         if not chunk and (rest := self._framer.close()):
             self._unscanned.append(rest)  # an unterminated last event: scanned, then sent
@@ -390,6 +395,8 @@ class ExchangeMonitor(MonitorFields):
         pass at once (the shadow path). The bytes released unscanned are still parsed,
         like later chunks: the exchange line counts all of the output and, once the
         stream ``ended``, says how it ended."""
+        # Reached from the gated path only: start_stream set the framer, the gate is on.
+        assert self._framer is not None and self._gate is not None
         unparsed = [*self._unscanned, self._framer.close()]
         out = [*self._gate.flush(), *filter(None, unparsed)]
         self._unscanned.clear()
@@ -461,6 +468,8 @@ class ExchangeMonitor(MonitorFields):
     # -- internals -------------------------------------------------------------------
 
     def _end_of_stream(self) -> None:
+        # The end of a stream start_stream began (and the shadow path has its decoder).
+        assert self._sse is not None and self._parser is not None
         self.truncated = self._sse.truncated or not self._parser.done
         self.upstream_error = self._parser.error
         self.model = self.model or self._parser.model

@@ -61,14 +61,15 @@ __all__ = [
 
 ROUTE = "messages"
 
-# Blocks whose text a model wrote, and the key that holds it.
-_MODEL_TEXT_KEYS = {"text": "text", "thinking": "thinking"}
+# Blocks whose text a model wrote, and the key that holds it. These tables are looked up
+# with ``type_of``, None for an object without a string type (it finds nothing).
+_MODEL_TEXT_KEYS: dict[str | None, str] = {"text": "text", "thinking": "thinking"}
 # Blocks that call a tool: their "input" object is model-written JSON.
 _TOOL_USE_TYPES = frozenset({"tool_use", "server_tool_use", "mcp_tool_use"})
 # Blocks that carry tool output or documents back to the model: prompt text.
 _RESULT_TYPES = frozenset({"tool_result", "mcp_tool_result", "search_result"})
 # Streamed delta types and the key of their text.
-_DELTA_KEYS = {
+_DELTA_KEYS: dict[str | None, str] = {
     "text_delta": "text",
     "input_json_delta": "partial_json",
     "thinking_delta": "thinking",

@@ -150,7 +150,7 @@ def _split(prompt: str, style: _Style) -> list[Turn] | None:
     if not marks:
         return None
     turns: list[Turn] = []
-    bounds = [(None, 0, marks[0].start())]
+    bounds: list[tuple[str | None, int, int]] = [(None, 0, marks[0].start())]
     bounds += [
         (m.group(1).lower(), m.end(), nxt.start() if nxt is not None else len(prompt))
         for m, nxt in zip(marks, [*marks[1:], None], strict=True)

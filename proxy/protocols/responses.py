@@ -82,8 +82,9 @@ _DELTA_EVENTS = frozenset(
 )
 _START_EVENTS = frozenset({"response.created", "response.in_progress", "response.queued"})
 _END_EVENTS = frozenset({"response.completed", "response.incomplete"})
-# Content-part types with text, and the key that holds it.
-_PART_KEYS = {
+# Content-part types with text, and the key that holds it (looked up with ``type_of``,
+# None for a part without a string type: it finds nothing).
+_PART_KEYS: dict[str | None, str] = {
     "input_text": "text",
     "output_text": "text",
     "text": "text",

@@ -14,6 +14,7 @@ import hashlib
 import random
 import re
 from collections.abc import Callable
+from typing import cast
 
 # Ideographs, kana, CJK punctuation and full-width forms: each character is one unit because
 # these scripts have no spaces between words.
@@ -381,7 +382,7 @@ def _restatement(question: str, rng: random.Random, slots: dict[str, Callable[[]
     spans = _spans(question, rng, rng.randint(1, 3))
     templates = rng.sample(_RESTATE_TEMPLATES, k=len(spans))
     return " ".join(
-        expand(t, rng, {**slots, "span": lambda s=span: s})
+        expand(t, rng, {**slots, "span": cast("Callable[[], str]", lambda s=span: s)})
         for t, span in zip(templates, spans, strict=True)
     )
 

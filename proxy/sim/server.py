@@ -29,7 +29,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -428,7 +428,7 @@ def _json_response(
     headers = {"x-sim-request-id": request_id}
     resp = web.json_response(obj, status=status, headers=headers, dumps=_dumps)
     if state is not None:
-        state.record(request_id, resp.body)
+        state.record(request_id, cast(bytes, resp.body))  # json_response's: encoded bytes
     return resp
 
 

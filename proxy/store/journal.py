@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import orjson
@@ -206,6 +206,7 @@ class JournalWriter:
         now = self._clock()
         if self._file is None or self._must_rotate(now):
             self._rotate(now)
+        assert self._file is not None  # _rotate opened a segment
         self._file.write(line)
         # A sync point per record: everything written so far can be read back even if
         # the process dies before closing the segment.
@@ -224,7 +225,8 @@ class JournalWriter:
 
     def _must_rotate(self, now: float) -> bool:
         assert self._file is not None
-        size = os.fstat(self._file.fileobj.fileno()).st_size
+        # gzip.open of a path: the segment's own file object, which has a descriptor.
+        size = os.fstat(cast(BinaryIO, self._file.fileobj).fileno()).st_size
         return (
             size >= self.settings.max_segment_bytes
             or now - self._opened >= self.settings.max_segment_seconds

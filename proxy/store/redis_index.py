@@ -45,7 +45,7 @@ import time
 import zlib
 from collections import OrderedDict, deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aredis
@@ -68,6 +68,8 @@ OFFERED = b"t"  # when the record entered the outbox (Unix time): for the latenc
 BLOCK_MS = 1000  # XREAD BLOCK: how long one read waits for new entries
 BATCH = 500  # entries per XADD pipeline / XREAD / XRANGE
 YIELD_AFTER = 0.004  # seconds of ingestion before giving the event loop back
+# A stream entry as this index's clients read it (RESP2, bytes): its id and its fields.
+_Entry = tuple[bytes, dict[bytes, bytes]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +291,8 @@ class Publisher:
         started = time.perf_counter()
         async with client.pipeline(transaction=False) as pipe:
             for pending in batch:
-                pipe.xadd(self.settings.stream, self.entry(pending), minid=minid, approximate=True)
+                fields: dict[Any, Any] = self.entry(pending)  # invariant in redis-py's types
+                pipe.xadd(self.settings.stream, fields, minid=minid, approximate=True)
                 if time.perf_counter() - started > YIELD_AFTER:
                     await asyncio.sleep(0)  # a backlog is encoded between live events
                     started = time.perf_counter()
@@ -307,7 +310,8 @@ class Publisher:
             client.ping()  # before encoding a backlog for a Redis that is not there
             pipe = client.pipeline(transaction=False)
             for pending in batch:
-                pipe.xadd(self.settings.stream, self.entry(pending), minid=minid, approximate=True)
+                fields: dict[Any, Any] = self.entry(pending)  # invariant in redis-py's types
+                pipe.xadd(self.settings.stream, fields, minid=minid, approximate=True)
             pipe.execute()
         except REDIS_ERRORS:
             return 0
@@ -374,6 +378,7 @@ class OriginIngester:
             if time_and_scan is None or time_and_scan[1] is None:
                 return None  # its prompt left the window (or never came), or a duplicate
             prompt_time, scan = time_and_scan
+            assert scan is not None  # checked above
             found = 0
             for choice in record.choices:
                 found += len(scan.replay_step(record, collapsed(choice), 0))
@@ -508,7 +513,10 @@ class Consumer:
         while True:
             since = self.last_id or window_start_id(self.window_seconds).encode()
             try:
-                reply = await client.xread({stream: since}, count=BATCH, block=BLOCK_MS)
+                reply = cast(
+                    "list[tuple[bytes, list[_Entry]]] | None",
+                    await client.xread({stream: since}, count=BATCH, block=BLOCK_MS),
+                )
             except REDIS_ERRORS as e:
                 self.health.failed("consume", e)
                 await asyncio.sleep(self.backoff.delay())
@@ -550,13 +558,16 @@ class Consumer:
         start = (self.last_id and b"(" + self.last_id) or window_start_id(self.window_seconds)
         read = 0
         while time.monotonic() < deadline:
-            entries = client.xrange(stream, min=start, max="+", count=BATCH)
+            entries = cast(
+                "list[_Entry] | None", client.xrange(stream, min=start, max="+", count=BATCH)
+            )
             if not entries:
                 return read, True
             for entry_id, fields in entries:
                 self.ingester.ingest(entry_id, fields)
                 self.last_id = entry_id
                 read += 1
+            assert self.last_id is not None  # entries were read
             start = b"(" + self.last_id
         return read, False
 
@@ -665,6 +676,7 @@ class SharedIndex:
         for task in self._tasks:
             task.cancel()
         self._tasks = []
+        client: aredis.Redis | redis.Redis  # the asynchronous ones, then a synchronous one
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to close
             loop = asyncio.get_running_loop()
             for client in self._clients:
