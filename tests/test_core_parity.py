@@ -684,8 +684,10 @@ def test_pair_filter_is_the_reference_one(seed, size, bits):
         assert pairs.first_seen(tenant, batch, now) == expected
         assert [bytes(g) for g in pairs.generations] == [current, previous]
         assert len(set(expected)) == len(expected) and set(expected) <= set(batch)
-        if now == 0.0 and bits == 25:  # an empty, roomy filter: every distinct pair is new
-            assert sorted(expected) == sorted(set(batch))
+        if now == 0.0 and bits == 25:
+            # An empty, roomy filter: every distinct pair is new, but for the rare two
+            # that share a bit (a filter, not a set: CI met one, seed 42675, 144 pairs).
+            assert len(set(batch)) - len(expected) <= 1 + len(set(batch)) // 100
     assert pairs.first_seen(tenant, batch[:1], 12.5) == []  # a pair just seen is not new
 
 
