@@ -10,9 +10,12 @@ import signal
 import socket
 import statistics
 import subprocess
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 HOST = "127.0.0.1"
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,3 +121,48 @@ def median_of(values: Sequence[float | None]) -> float | None:
 def fmt(value: float | None, spec: str = ".1f") -> str:
     """``value`` formatted, ``-`` for none (None or nan)."""
     return "-" if value is None or value != value else format(value, spec)
+
+
+def stream_all(
+    base: str,
+    keys: dict[str, str],
+    requests: Sequence[Any],
+    open_stream: Callable[[Any, int, Any], Iterable[str]],
+    *,
+    concurrency: int,
+    timeout: float,
+) -> tuple[dict[str, str], set[str], list[str]]:
+    """Every request through the proxy at ``base`` with the real ``openai`` SDK, one
+    client per tenant (``keys``: tenant -> API key), ``concurrency`` at a time.
+    ``open_stream(client, i, request)`` starts request ``i``'s stream and yields its
+    text. Returns what each client received (by ``request_id``), the ids of streams
+    crosstalk cut (its in-stream error frame ends them), and the other errors."""
+    import openai
+
+    outputs: dict[str, str] = {}
+    blocked: set[str] = set()
+    errors: list[str] = []
+    lock = threading.Lock()
+    clients = {
+        t: openai.OpenAI(base_url=f"{base}/v1", api_key=k, max_retries=0, timeout=timeout)
+        for t, k in keys.items()
+    }
+
+    def one(i: int, r: Any) -> None:
+        text: list[str] = []
+        cut = False
+        try:
+            text.extend(open_stream(clients[r.tenant], i, r))
+        except openai.APIError as e:
+            cut = "leak" in str(e).lower() or "crosstalk" in str(e).lower()
+            if not cut:
+                with lock:
+                    errors.append(f"{r.request_id}: {type(e).__name__}: {str(e)[:120]}")
+        with lock:
+            outputs[r.request_id] = "".join(text)
+            if cut:
+                blocked.add(r.request_id)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(lambda a: one(*a), enumerate(requests)))
+    return outputs, blocked, errors

@@ -35,15 +35,21 @@ import re
 import subprocess
 import sys
 import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import human_text  # noqa: E402
 import real_model  # noqa: E402
-from common import HOST, ROOT, die_with_parent, free_port, stop_processes, wait_listening  # noqa: E402
+from common import (  # noqa: E402
+    HOST,
+    ROOT,
+    die_with_parent,
+    free_port,
+    stop_processes,
+    stream_all,
+    wait_listening,
+)
 from faker import Faker  # noqa: E402
 from real_model import grams, holds_value, read_jsonl, start_crosstalk  # noqa: E402
 
@@ -126,10 +132,10 @@ def make_workload(
         rid = f"{prefix}-{seed}-{i:05d}"
         roll = rng.random()
         if roll < 0.35:
-            t = human_text._ticket(fake, rng, tenant, rid)
+            t = human_text.ticket(fake, rng, tenant, rid)
             out.append(Message(rid, tenant.name, "ticket", t.prompt, t.values))
         elif roll < 0.77:
-            v = human_text._ticket_values(fake, rng, tenant)
+            v = human_text.ticket_values(fake, rng, tenant)
             v["name"] = v["relative"]
             own = rng.sample(pool[tenant.name], k=3)
             text = " ".join(s.format(**v) for s in own)
@@ -164,51 +170,23 @@ def start_sim(tmp: Path, seed: int) -> tuple[subprocess.Popen, str, Path]:
 
 
 def send_all(base: str, requests: list[Message], keys: dict[str, str], concurrency: int = 8):
-    """Every request through the proxy with the openai SDK, streamed; returns what each
-    client received, the ids of streams crosstalk cut, and other errors."""
-    import openai
+    """Every request through the proxy, streamed, chat or completions
+    (``common.stream_all``)."""
 
-    outputs: dict[str, str] = {}
-    blocked: set[str] = set()
-    errors: list[str] = []
-    lock = threading.Lock()
-    clients = {
-        t: openai.OpenAI(base_url=f"{base}/v1", api_key=k, max_retries=0, timeout=120)
-        for t, k in keys.items()
-    }
-
-    def one(r: Message) -> None:
-        client, text, cut = clients[r.tenant], [], False
+    def open_stream(client, _: int, r: Message):
         headers = {"X-Request-ID": r.request_id, **r.headers}
-        try:
-            if r.chat:
-                messages = [{"role": "system", "content": r.system}, {"role": "user", "content": r.prompt}]  # fmt: skip
-                stream = client.chat.completions.create(
-                    model="sim", messages=messages, stream=True, extra_headers=headers
-                )
-                for chunk in stream:
-                    if chunk.choices:
-                        text.append(chunk.choices[0].delta.content or "")
-            else:
-                stream = client.completions.create(
-                    model="sim", prompt=r.prompt, stream=True, extra_headers=headers
-                )
-                for chunk in stream:
-                    if chunk.choices:
-                        text.append(chunk.choices[0].text or "")
-        except openai.APIError as e:
-            cut = "leak" in str(e).lower() or "crosstalk" in str(e).lower()
-            if not cut:
-                with lock:
-                    errors.append(f"{r.request_id}: {type(e).__name__}: {str(e)[:120]}")
-        with lock:
-            outputs[r.request_id] = "".join(text)
-            if cut:
-                blocked.add(r.request_id)
+        if r.chat:
+            messages = [{"role": "system", "content": r.system}, {"role": "user", "content": r.prompt}]  # fmt: skip
+            chat = client.chat.completions.create(
+                model="sim", messages=messages, stream=True, extra_headers=headers
+            )
+            return (c.choices[0].delta.content or "" for c in chat if c.choices)
+        stream = client.completions.create(
+            model="sim", prompt=r.prompt, stream=True, extra_headers=headers
+        )
+        return (c.choices[0].text or "" for c in stream if c.choices)
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(one, requests))
-    return outputs, blocked, errors
+    return stream_all(base, keys, requests, open_stream, concurrency=concurrency, timeout=120)
 
 
 @dataclass
@@ -299,6 +277,10 @@ def score(run: Run) -> Score:
     for r in run.everything.values():
         for g in grams(f"{r.system}\n{r.prompt}", PRIVATE_RUN):
             holders.setdefault(g, set()).add(r.tenant)
+    own: dict[str, set[tuple]] = {}  # each tenant's runs that no other tenant sent
+    for g, tenants in holders.items():
+        if len(tenants) == 1:
+            own.setdefault(next(iter(tenants)), set()).add(g)
     flagged: dict[str, list[dict]] = {}
     for e in run.findings:
         flagged.setdefault(e["request_id"], []).append(e)
@@ -316,8 +298,7 @@ def score(run: Run) -> Score:
             if rid in flagged:
                 s.recitations_flagged.append(rid)
             continue
-        private = {g for g, ts in holders.items() if ts == {source.tenant}}
-        private -= grams(victim.prompt, PRIVATE_RUN)
+        private = own.get(source.tenant, set()) - grams(victim.prompt, PRIVATE_RUN)
         found = evidence(f["leaked_text"], victim, source, private)
         if not found:
             s.other_faults += 1

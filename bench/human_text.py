@@ -131,7 +131,7 @@ def make_tenants(n: int, fake: Faker) -> list[Tenant]:
     return tenants
 
 
-def _ticket_values(fake: Faker, rng: random.Random, tenant: Tenant) -> dict[str, str]:
+def ticket_values(fake: Faker, rng: random.Random, tenant: Tenant) -> dict[str, str]:
     first, last = fake.first_name(), fake.last_name()
     email_user = f"{first}.{last}".lower()
     email_domain = rng.choice(("gmail.com", "outlook.com", "yahoo.co.uk", "proton.me", "gmx.de"))
@@ -165,8 +165,8 @@ def _ticket_values(fake: Faker, rng: random.Random, tenant: Tenant) -> dict[str,
     }
 
 
-def _ticket(fake: Faker, rng: random.Random, tenant: Tenant, request_id: str) -> Request:
-    v = _ticket_values(fake, rng, tenant)
+def ticket(fake: Faker, rng: random.Random, tenant: Tenant, request_id: str) -> Request:
+    v = ticket_values(fake, rng, tenant)
     body = rng.choice(TICKETS).format(**v)
     prompt = (
         f"{tenant.company} customer support\n"
@@ -190,7 +190,7 @@ def make_workload(n: int, tenants: list[Tenant], seed: int, prefix: str = "rm") 
         rid = f"{prefix}-{seed}-{i:05d}"
         roll = rng.random()
         if roll < 0.70:
-            out.append(_ticket(fake, rng, tenant, rid))
+            out.append(ticket(fake, rng, tenant, rid))
         elif roll < 0.92:
             q = rng.choice(QUESTIONS)
             out.append(Request(rid, tenant.name, "question", f"Q: {q}\nA:"))

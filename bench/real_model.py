@@ -30,10 +30,8 @@ import os
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +43,7 @@ from common import (  # noqa: E402
     die_with_parent,
     free_port,
     stop_processes,
+    stream_all,
     wait_healthy,
     wait_listening,
 )  # noqa: E402
@@ -172,45 +171,21 @@ def start_crosstalk(tmp: Path, upstream: str, mode: str, tenants: list[human_tex
 
 def send_all(base: str, requests: list[human_text.Request], keys: dict[str, str], seed: int,
              concurrency: int, tagged: bool = True) -> tuple[dict[str, str], set[str], list[str]]:  # fmt: skip
-    import openai
+    """``requests`` as completions streams to Gemma through the proxy
+    (``common.stream_all``)."""
 
-    outputs: dict[str, str] = {}
-    blocked: set[str] = set()
-    errors: list[str] = []
-    lock = threading.Lock()
-    clients = {
-        t: openai.OpenAI(base_url=f"{base}/v1", api_key=k, max_retries=0, timeout=300)
-        for t, k in keys.items()
-    }
-
-    def one(i: int, r: human_text.Request) -> None:
+    def open_stream(client, i: int, r: human_text.Request):
         shared = r.kind != "ticket"  # the same question at temperature 0: the same answer
-        text, cut = [], False
-        try:
-            stream = clients[r.tenant].completions.create(
-                model="gemma", prompt=r.prompt, max_tokens=MAX_TOKENS, stream=True,
-                temperature=0.0 if shared else 0.8, top_p=0.95, seed=seed * 100_000 + i,
-                # Untagged requests (the warm-up) are never faulted nor sources.
-                extra_body={"crosstalk_tag": r.request_id} if tagged else {},
-                extra_headers={"X-Request-ID": r.request_id},
-            )  # fmt: skip
-            for chunk in stream:
-                if chunk.choices:
-                    text.append(chunk.choices[0].text or "")
-        except openai.APIError as e:
-            # crosstalk's in-stream error frame ends a blocked stream
-            cut = "leak" in str(e).lower() or "crosstalk" in str(e).lower()
-            if not cut:
-                with lock:
-                    errors.append(f"{r.request_id}: {type(e).__name__}")
-        with lock:
-            outputs[r.request_id] = "".join(text)
-            if cut:
-                blocked.add(r.request_id)
+        stream = client.completions.create(
+            model="gemma", prompt=r.prompt, max_tokens=MAX_TOKENS, stream=True,
+            temperature=0.0 if shared else 0.8, top_p=0.95, seed=seed * 100_000 + i,
+            # Untagged requests (the warm-up) are never faulted nor sources.
+            extra_body={"crosstalk_tag": r.request_id} if tagged else {},
+            extra_headers={"X-Request-ID": r.request_id},
+        )  # fmt: skip
+        return (chunk.choices[0].text or "" for chunk in stream if chunk.choices)
 
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(lambda a: one(*a), enumerate(requests)))
-    return outputs, blocked, errors
+    return stream_all(base, keys, requests, open_stream, concurrency=concurrency, timeout=300)
 
 
 def engine_texts(flows: Path) -> dict[str, str]:

@@ -381,3 +381,13 @@ def test_an_amount_in_another_currency_is_another_amount(written, found):
     answer(e, "acme", "src-1", "The rent payment of €1,815.87 bounced.", "Noted.", T0)
     output = f"The adjusted figure is {written} (ref. 12)."
     assert bool(answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)) is found
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [("owe 5,678.91 € today", ("amount:EUR", "5,678.91")), ("¥12,345 due", ("amount:JPY", "12,345")),
+     ("GBP 4,567.89 due", ("amount:GBP", "4,567.89"))],
+)  # fmt: skip
+def test_amount_keys_carry_the_currency_written_before_or_after(text, key):
+    """One currency table: a symbol after the number ("5,678.91 €") is read as well."""
+    assert key in list(iter_case_keys(text, []))

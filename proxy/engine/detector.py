@@ -737,18 +737,12 @@ class ResponseScan(_core.ScanFields):
         of plain words not written as a name, and an amount written in another currency
         are dropped before they are recorded, so that a replay of the records agrees."""
         if matches and self.engine.config.case_identifiers and state.entities is not None:
-            folded = state.entities.text  # joined once: matches are rare, the stream long
-            raw = state.entities.raw_text
-            table = self.engine.entities.table
+            # Joined once: matches are rare, the stream long.
+            folded, raw = state.entities.text, state.entities.raw_text
             matches = [
                 m
                 for m in matches
-                if not self._names_own_company(folded, *m)
-                and (
-                    (owner := table.get(m[2])) is None
-                    or (owner.kind != PROPER_NAME or written_as_name(raw, m[0], m[1]))
-                    and same_currency(owner.kind, raw, m[0], m[1])
-                )
+                if not self._names_own_company(folded, *m) and self._as_written(raw, *m)
             ]
         state.matches.extend((*m, len(state.batches)) for m in matches)
         return self._entity_findings(choice, matches)
@@ -1276,6 +1270,17 @@ class ResponseScan(_core.ScanFields):
             )
         self.findings += found
         return found
+
+    def _as_written(self, raw: str, start: int, end: int, entity_id: str) -> bool:
+        """Whether a case key met at ``raw[start:end]`` is written as its kind needs: a
+        ``PROPER_NAME`` as a name (``written_as_name``), an amount in its own currency or
+        none (``same_currency``); any other key as it is."""
+        owner = self.engine.entities.table.get(entity_id)
+        if owner is None:
+            return True
+        if owner.kind == PROPER_NAME:
+            return written_as_name(raw, start, end)
+        return same_currency(owner.kind, raw, start, end)
 
     def _names_own_company(self, folded: str, start: int, end: int, entity_id: str) -> bool:
         """Whether a matched company key ("apple inc", the folded output at the match)

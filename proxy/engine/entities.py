@@ -574,10 +574,20 @@ _REFERENCE = re.compile(
     r"(?<![\w#-])(?:[A-Z]{1,5}-?\d{5,}[A-Z]?|#\d{5,}|\d{2,6}(?:[- ]\d{3,8}){1,3})(?![\w-])",
     re.A,
 )
+# The currencies an amount is written with, symbol or code -> ISO code: the one table
+# ``_AMOUNT`` and ``same_currency`` read.
+_CURRENCIES = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY",
+               **{code: code for code in ("USD", "EUR", "GBP", "CHF", "JPY")}}  # fmt: skip
+_SYMBOLS = re.escape("".join(c for c in _CURRENCIES if len(c) == 1))
+_CODES = "|".join(c for c in _CURRENCIES if len(c) > 1)
+_NUMBER = r"\d{1,3}(?:[,.]\d{3})*(?:[.,]\d{2})?"
 _AMOUNT = re.compile(
-    r"(?:[$€£¥]\s?|\b(?:USD|EUR|GBP|CHF)\s?)(\d{1,3}(?:[,.]\d{3})*(?:[.,]\d{2})?)(?!\d)"
-    r"|(?<![\d.,])(\d{1,3}(?:[,.]\d{3})*(?:[.,]\d{2})?)\s?(?:€|EUR|USD|GBP|CHF)\b"
+    rf"(?:(?P<before>[{_SYMBOLS}]|\b(?:{_CODES}))\s?)(?P<number>{_NUMBER})(?!\d)"
+    rf"|(?<![\d.,])(?P<number_first>{_NUMBER})\s?(?P<after>€|(?:{_CODES})\b)"
 )
+# A currency written right before or after a matched amount (``same_currency``).
+_CURRENCY_BEFORE = re.compile(rf"(?:[{_SYMBOLS}]|\b(?:{_CODES}))\s?$")
+_CURRENCY_AFTER = re.compile(rf"^\s?(?:€|(?:{_CODES})\b)")
 # Capitalised words in a row, or joined by a hyphen: names of people, companies,
 # streets and places (Suzanne Woodward, Freeman Group, Jacobs Fords, Pearson-Kramer).
 _CAPITALISED = re.compile(r"\b[A-Z][a-z]+(?:['’][a-z]+)?(?:(?:-| )[A-Z][a-z]+(?:['’][a-z]+)?)+\b")
@@ -617,10 +627,6 @@ PROPER_NAME = "proper"
 #: currency beside the same number is another amount (``same_currency``).
 AMOUNT = "amount"
 CASE_KINDS = frozenset({"reference", AMOUNT, "name", PROPER_NAME})
-_CURRENCIES = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY", "USD": "USD", "EUR": "EUR",
-               "GBP": "GBP", "CHF": "CHF", "JPY": "JPY"}  # fmt: skip
-_CURRENCY_BEFORE = re.compile(r"(?:[$€£¥]|\b(?:USD|EUR|GBP|CHF|JPY))\s?$")
-_CURRENCY_AFTER = re.compile(r"^\s?(?:[€]|(?:USD|EUR|GBP|CHF|JPY)\b)")
 
 
 def is_case_kind(kind: str) -> bool:
@@ -682,9 +688,9 @@ def iter_case_keys(
         if not token.isdigit() and not _monotonous(digits):
             yield "reference", fold(token.lstrip("#"))
     for m in _AMOUNT.finditer(text):
-        number = m.group(1) or m.group(2)
+        number = m.group("number") or m.group("number_first")
         if free(*m.span()) and _significant_digits(number) >= AMOUNT_DIGITS:
-            currency = _CURRENCIES[m.group(0).replace(number, "").strip()]
+            currency = _CURRENCIES[m.group("before") or m.group("after")]
             yield f"{AMOUNT}:{currency}", number
     common = common_word or (lambda _: False)
     surname = surname or (lambda _: False)
