@@ -664,6 +664,35 @@ def test_run_of_plain_words_from_a_prompt(factor, n_words, leak):
     assert kinds(found) == ([FRAGMENT] if leak else [])
 
 
+@pytest.mark.parametrize("echoed", [True, False], ids=["own-prompt-echoed", "model-phrasing"])
+def test_a_phrase_another_tenant_s_answer_echoes_from_its_prompt_stays_a_user_s(echoed):
+    """People share phrases ("day and I cannot"). When a second tenant's prompt holds
+    one and that tenant's answer repeats it, the answer only repeats its tenant's words:
+    the phrase is still the first tenant's, and eight words of its sentence leaking are
+    found at the eighth word (bench/human_leaks.py seed 4 missed its first word). Control:
+    where a third tenant's answer wrote it unprompted, it is the model's phrasing, which
+    must be specific to an exchange (and the run is a word short)."""
+    engine = make_engine()
+
+    def chat(tenant: str, rid: str, prompt: str, output: str, now: float) -> list[Finding]:
+        scan = engine.observe_prompt(tenant, rid, prompt, now=now, turns_known=True)
+        return stream(scan, output, now=now)
+
+    sentence = "I have two job interviews on the same day and I cannot decide which one to miss."
+    chat("A", "a-1", sentence, "Sorry to hear that.", T0)
+    said = "I work a double shift every day and I cannot sleep."
+    chat("B", "b-1", said, f"You said: {said}" if echoed else "Okay.", T0 + 1)
+    if not echoed:
+        exchange(engine, "C", "c-1", "Weather?", "Rain every day and I cannot say more.", T0 + 2)
+    leak = "day and I cannot decide which one to"
+    found = chat("D", "d-1", PROMPT_B, f"Let me address {leak} first.", T0 + 3)
+    if echoed:
+        assert kinds(found) == [FRAGMENT] and found[0].source_request_id == "a-1"
+        assert found[0].detected_at <= len(f"Let me address {leak} first")
+    else:
+        assert found == []
+
+
 def test_run_of_plain_words_from_an_output_is_boilerplate():
     """A model's own plain words are its boilerplate: however long, a run of another
     tenant's output without a distinctive word, inside an answer of its own, is not a

@@ -2438,7 +2438,7 @@ cdef class DeltaScanner:
         prompt/output bit) that make this k-gram foreign: none when the victim's tenant
         or enough tenants use it, or when it is in the answer to the same question.
         A request older than ``horizon`` is out of the window, swept or not."""
-        cdef set tenants = set()
+        cdef set tenants = set(), prompted = set(), written = set()
         cdef list foreign = []
         cdef RequestRecord record
         for value in values:
@@ -2450,16 +2450,18 @@ cdef class DeltaScanner:
                     return []  # the answer to the same question: explained, whoever has it
                 if record.carries is not None and response.tenant in record.carries:
                     continue  # a copy of this tenant's answer: no evidence (_carried)
+                written.add(record.tenant)
+            else:
+                prompted.add(record.tenant)
             tenants.add(record.tenant)
             foreign.append(value)
         if response.tenant in tenants or len(tenants) >= self.common_tenants:
             return []
-        if len(tenants) > 1:
-            for value in foreign:
-                if value & 1:
-                    # A model wrote this text for one of them: where a prompt holds it
-                    # too, it is the model's text there as well (_foreign_values).
-                    return [v for v in foreign if v & 1]
+        if len(tenants) > 1 and not written <= prompted:
+            # A model wrote this text for one of them: where a prompt holds it too, it
+            # is the model's text there as well; not where an output only repeats its
+            # own tenant's prompt (_foreign_values).
+            return [v for v in foreign if v & 1]
         return foreign
 
     cdef bint _same_question(self, ScanFields response, slot) except -1:

@@ -1105,6 +1105,8 @@ class ResponseScan(_core.ScanFields):
         the answer to the same question."""
         engine = self.engine
         tenants: set[str] = set()
+        prompted: set[str] = set()  # tenants whose prompts hold it
+        written: set[str] = set()  # tenants whose outputs hold it
         foreign: list[int] = []
         for value in values:
             record = self._source_record(value >> 1)
@@ -1115,14 +1117,19 @@ class ResponseScan(_core.ScanFields):
                     return []  # the answer to the same question: explained, whoever has it
                 if self._carried(record):
                     continue  # a copy of this tenant's answer: no evidence (others may be)
+                written.add(record.tenant)
+            else:
+                prompted.add(record.tenant)
             tenants.add(record.tenant)
             foreign.append(value)
         if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
             return []
-        if len(tenants) > 1 and any(value & 1 for value in foreign):
+        if len(tenants) > 1 and not written <= prompted:
             # A model wrote this text for one of them: where a prompt holds it too (a
             # pasted transcript, a completions prompt's earlier turn), it is the model's
             # text there as well, and must be specific to an exchange like any output's.
+            # An output that only repeats its own tenant's words ("every day and I
+            # cannot", echoed) says nothing about who wrote them.
             return [value for value in foreign if value & 1]
         return foreign
 
