@@ -140,6 +140,14 @@ def test_case_keys():
     assert not list(iter_case_keys("On 2024-01-15, in 2023, 3 of 12 items, pay $500.00.", []))
 
 
+def test_a_reference_whose_digits_repeat_is_still_a_reference():
+    """A ticket "ZD-216216" is a reference, though its digits alone repeat a pattern as a filler's
+    do: the whole token is judged (human-text bench, seed 4, missed it). A number alone
+    that repeats ("#121212", "ticket 216216") stays filler."""
+    keys = set(iter_case_keys("Ticket ZD-216216 and #121212 and ticket 216216", []))
+    assert keys == {("reference", "zd-216216")}
+
+
 def test_a_compound_cut_at_a_token_boundary_is_still_found():
     output = "Reply from the Vasquez-Tol team: we are on it."
     found = answer(with_source(), "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
