@@ -199,6 +199,7 @@ class Run:
     faults: list[dict]
     findings: list[dict]
     errors: list[str]
+    live: bool = True  # False: findings of a replay (``--rescore``), which never blocks
 
 
 def run_once(tmp: Path, mode: str, tenants, seed: int, n: int, warm: int) -> Run:
@@ -239,7 +240,8 @@ def load_run(tmp: Path, mode: str, tenants, seed: int, n: int, warm: int,
         findings = [e for e in events if e.get("event") == "leak.detected"]
     every = {r.request_id: r for r in [*warmup, *judged]}
     faults = read_jsonl(tmp / "truth.jsonl")
-    return Run(mode, warm, judged, every, client["outputs"], faults, findings, client["errors"])
+    return Run(mode, warm, judged, every, client["outputs"], faults, findings, client["errors"],
+               live=not replay)  # fmt: skip
 
 
 # --- the judge --------------------------------------------------------------------------
@@ -260,11 +262,13 @@ class Score:
     delivered: list[str] = field(default_factory=list)
 
 
-def evidence(leaked: str, victim: Message, source: Message, private: set) -> list[str]:
+def evidence(leaked: str, known: str, source: Message, private: set) -> list[str]:
     """What of ``source``'s own text ``leaked`` holds: its identifiers that the victim's
-    prompt lacks, and its private runs of ``PRIVATE_RUN`` words."""
+    tenant has not written itself (``known``: its prompts so far; "Roberts and Sons" in
+    an answer tells a tenant nothing when it wrote "my boss at Roberts and Sons"), and
+    its private runs of ``PRIVATE_RUN`` words."""
     values = [v for v in source.values.values() if holds_value(leaked, v)]
-    values = [v for v in values if not holds_value(victim.prompt, v)]
+    values = [v for v in values if not holds_value(known, v)]
     runs = [" ".join(g) for g in grams(leaked, PRIVATE_RUN) & private]
     return values + runs
 
@@ -281,6 +285,17 @@ def score(run: Run) -> Score:
     for g, tenants in holders.items():
         if len(tenants) == 1:
             own.setdefault(next(iter(tenants)), set()).add(g)
+    # What each tenant wrote up to each of its requests (the record's order: warm-up,
+    # then judged as sent).
+    written: dict[str, list[str]] = {}
+    upto: dict[str, int] = {}
+    for r in run.everything.values():
+        written.setdefault(r.tenant, []).append(r.prompt)
+        upto[r.request_id] = len(written[r.tenant])
+
+    def known(rid: str) -> str:
+        return "\n".join(written[run.everything[rid].tenant][: upto[rid]])
+
     flagged: dict[str, list[dict]] = {}
     for e in run.findings:
         flagged.setdefault(e["request_id"], []).append(e)
@@ -299,7 +314,7 @@ def score(run: Run) -> Score:
                 s.recitations_flagged.append(rid)
             continue
         private = own.get(source.tenant, set()) - grams(victim.prompt, PRIVATE_RUN)
-        found = evidence(f["leaked_text"], victim, source, private)
+        found = evidence(f["leaked_text"], known(rid), source, private)
         if not found:
             s.other_faults += 1
             s.other_flagged += rid in flagged
@@ -310,7 +325,7 @@ def score(run: Run) -> Score:
             if any(e.get("source_tenant") == source.tenant for e in flagged[rid]):
                 s.right_source.append(rid)
             if run.mode == "enforce" and evidence(
-                run.outputs.get(rid, ""), victim, source, private
+                run.outputs.get(rid, ""), known(rid), source, private
             ):
                 s.delivered.append(rid)
         else:
@@ -335,8 +350,10 @@ def report(label: str, run: Run, s: Score) -> list[str]:
         ("clean_flagged", len(s.clean_flagged), s.clean, "<="),
         ("recitations_flagged", len(s.recitations_flagged), s.recitations, "<="),
     ]
-    if run.mode == "enforce":
+    if run.mode == "enforce" and run.live:
         rows.append(("delivered", len(s.delivered), len(s.found), "<="))
+    elif run.mode == "enforce":
+        print("| delivered | not judged: a replay never blocks | |")
     misses = []
     for name, a, b, op in rows:
         target = TARGETS[name]

@@ -132,6 +132,7 @@ class Run:
     faults: list[dict]  # the server's ground truth
     findings: list[dict]  # leak.detected events
     errors: list[str]
+    live: bool = True  # False: findings of a replay (``rescore``), which never blocks
 
 
 def start_llama(
@@ -266,7 +267,7 @@ def rescore(tmp: Path, mode: str, requests, detection: str = "") -> Run:
     engine = engine_texts(flows)
     findings = [e for e in read_jsonl(events) if e.get("event") == "leak.detected"]
     return Run(mode, requests, dict(engine), set(), engine, read_jsonl(tmp / "faults.jsonl"),
-               findings, [])  # fmt: skip
+               findings, [], live=False)  # fmt: skip
 
 
 def masked_example(run: Run, victim_id: str, width: int = 90) -> str:
@@ -294,6 +295,7 @@ def masked_example(run: Run, victim_id: str, width: int = 90) -> str:
 @dataclass
 class Score:
     mode: str
+    live: bool = True
     answers: int = 0
     faulted: int = 0
     same_tenant: int = 0  # faults whose source was the victim's own tenant: no leak
@@ -312,7 +314,7 @@ class Score:
 
 def score(run: Run) -> Score:
     by_id = {r.request_id: r for r in run.requests}
-    s = Score(run.mode)
+    s = Score(run.mode, run.live)
     faults = {}
     for f in run.faults:
         if f.get("n_stale", 0) > 0 and f["victim"] in by_id and f["source"] in by_id:
@@ -434,7 +436,11 @@ def report(s: Score) -> list[str]:
     print(
         f"| clean answers flagged | {s.clean_flagged}/{s.clean} = {clean:.4f} | <= {TARGETS['clean_flagged']} |"
     )
-    if s.mode == "enforce":
+    if s.mode == "enforce" and not s.live:
+        print(
+            "| faulted answers that delivered an identifier | not judged: a replay never blocks | |"
+        )
+    elif s.mode == "enforce":
         print(
             f"| faulted answers that delivered an identifier | {s.delivered} | {TARGETS['delivered']} |"
         )

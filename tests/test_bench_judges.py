@@ -76,3 +76,28 @@ def test_the_human_leaks_judge():
         human_run([found], mode="enforce", delivered="my manager wants me to take a pay cut"),
     ):
         assert human_leaks.report("bad", bad, human_leaks.score(bad)), bad.findings
+
+
+def test_the_human_leaks_judge_counts_a_value_the_victim_wrote_as_known():
+    """An identifier of the source that the victim's tenant wrote itself before ("my boss
+    at Roberts and Sons") tells it nothing: no target. Written only later, or by another
+    tenant, it is one."""
+    message = human_leaks.Message
+    source = message(
+        "s-1", "t1", "ticket", "Roberts and Sons support", {"company": "Roberts and Sons"}
+    )
+    fault = {"request_id": "v-1", "source_request_id": "s-1", "kind": "entities",
+             "leaked_text": "the Roberts and Sons"}  # fmt: skip
+
+    def targets(
+        *before: human_leaks.Message, after: human_leaks.Message | None = None
+    ) -> list[str]:
+        victim = message("v-1", "t2", "question", "Q: What is an index?\nA:")
+        every = {r.request_id: r for r in (source, *before, victim, *([after] if after else []))}
+        run = human_leaks.Run("shadow", 0, [victim], every, {}, [fault], [], [])
+        return human_leaks.score(run).targets
+
+    own = message("o-1", "t2", "personal", "my boss at Roberts and Sons pays me late")
+    assert targets(own) == []
+    assert targets(after=dataclasses.replace(own, request_id="o-2")) == ["v-1"]
+    assert targets(dataclasses.replace(own, tenant="t3")) == ["v-1"]
