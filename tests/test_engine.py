@@ -664,6 +664,35 @@ def test_run_of_plain_words_from_a_prompt(factor, n_words, leak):
     assert kinds(found) == ([FRAGMENT] if leak else [])
 
 
+@pytest.mark.parametrize("senders", [1, 2], ids=["one-tenant", "two-tenants"])
+def test_a_sentence_one_tenant_sent_in_every_request_stays_its_own(senders):
+    """A k-gram that 64 requests or more hold was taken for shared text. Sent by one tenant only (its signature, its system
+    prompt, its own story told again: bench/human_leaks.py seed 7, warm), it is still that
+    tenant's: another tenant's answer holding 8 words of it is a leak. Control: the same
+    requests split between two tenants is text several requests of several tenants
+    share, which the index no longer tells apart from boilerplate."""
+    engine = make_engine()
+    # Small generations, so that 80 requests give a k-gram 64 values or more, as thousands
+    # of requests do with the default size.
+    engine.index.freeze_size = 16
+    sentence = "I have two job interviews on the same day and I cannot decide which one to miss."
+    for i in range(80):
+        tenant = "A" if senders == 1 or i % 2 else "C"
+        scan = engine.observe_prompt(tenant, f"a-{i}", sentence, now=T0 + i, turns_known=True)
+        stream(scan, f"Noted, item {i}.", now=T0 + i)
+    leak = "job interviews on the same day and I cannot decide"
+    assert (
+        len(engine.index.lookup([engine.hasher.kgram(engine.hasher.units(words(leak)[:4]))])[0])
+        >= 64
+    )
+    scan = engine.observe_prompt("B", "b-1", PROMPT_B, now=T0 + 100, turns_known=True)
+    found = stream(scan, f"Sure. {leak}. Bye.", now=T0 + 100)
+    if senders == 1:
+        assert kinds(found) == [FRAGMENT] and found[0].source_tenant == "A"
+    else:
+        assert found == []
+
+
 @pytest.mark.parametrize("echoed", [True, False], ids=["own-prompt-echoed", "model-phrasing"])
 def test_a_phrase_another_tenant_s_answer_echoes_from_its_prompt_stays_a_user_s(echoed):
     """People share phrases ("day and I cannot"). When a second tenant's prompt holds
@@ -716,7 +745,8 @@ def test_run_of_plain_words_from_an_output_is_boilerplate():
     assert kinds(misrouted) == [FRAGMENT] and misrouted[0].source_tenant == "A"
     specific = " ".join(PLAIN_PRIVATE_ORDER.split()[-7:]) + " 88213"
     found = exchange(engine, "C", "c-1", "Any tips?", f"{own} {specific}. {own}", T0 + 3)
-    assert kinds(found) == [FRAGMENT]
+    # A's words with its number; and B's answer, whose text (its "190" too) C's repeats.
+    assert sorted((f.kind, f.source_tenant) for f in found) == [(FRAGMENT, "A"), (FRAGMENT, "B")]
 
 
 @pytest.mark.parametrize(
@@ -1484,14 +1514,15 @@ def test_observe_in_steps_is_observe_at_once():
 
 
 def test_an_output_counts_shared_text_at_once_and_its_own_new_text_at_its_end():
-    """The commonness sketch learns an output's use of text another request holds as
-    the output streams (it may be turning common), and of text no other request holds
-    when the output ends (counting it on every delta was a third of the time per delta);
-    replaying the output's record counts the same."""
+    """The commonness sketch learns the holders' use of text an output meets as the
+    output streams (it may be turning common), and the output's own use when it ends
+    (counting on every delta was a third of the time per delta; and a leak found in it
+    is not its use); replaying the output's record counts the same."""
     engine = Engine(EngineConfig(key=b"k" * 32))
     shared = "quarterly ledger reconciliation for the northern depot closes every friday"
     fresh = "wobbling pelicans audit seventeen crates of violet marmalade near harbour"
-    first = engine.observe_prompt("A", "a-1", shared, now=T0)
+    first = engine.observe_prompt("A", "a-1", "what closes when", now=T0)
+    first.feed(shared, 0, T0)
     first.finish()
 
     def counts(text: str, engine: Engine = engine) -> list[int]:
@@ -1501,10 +1532,9 @@ def test_an_output_counts_shared_text_at_once_and_its_own_new_text_at_its_end():
     scan = engine.observe_prompt("B", "b-1", "what closes on friday", now=T0 + 1)
     for word in f"{shared} and {fresh} .".split():
         scan.feed(word + " ", 0, T0 + 1)
-    assert set(counts(shared)) == {2}  # counted as it streamed
-    assert set(counts(fresh)) == {0}
+    assert set(counts(shared)) == {1} and set(counts(fresh)) == {0}
     scan.finish(T0 + 1)
-    assert set(counts(fresh)) == {1}
+    assert set(counts(shared)) == {2} and set(counts(fresh)) == {1}
     again = Engine(EngineConfig(key=b"k" * 32))
     records = [first.prompt, first.record(), scan.prompt, scan.record()]
     assert [f.finding for f in replay(again, records)] == scan.findings
@@ -1513,8 +1543,9 @@ def test_an_output_counts_shared_text_at_once_and_its_own_new_text_at_its_end():
 
 def test_text_two_outputs_write_at_once_counts_both_tenants_when_it_is_shared():
     """An output counts its new text at its end; when another tenant's output meets that
-    text while the first is still streaming, both uses are counted then, so text many
-    outputs write together turns common as fast as when every delta counted."""
+    text while the first is still streaming, the first's use is counted then, and the
+    second's at its own end (not where it was a leak found in it): text many outputs
+    write together turns common as they end, each tenant counted once."""
     engine = Engine(EngineConfig(key=b"k" * 32))
     phrase = "the simplest approach is to validate each change and review the results"
     fps = engine.hasher.kgrams(unit_texts(phrase))
@@ -1523,10 +1554,31 @@ def test_text_two_outputs_write_at_once_counts_both_tenants_when_it_is_shared():
     first.feed(phrase + " .", 0, T0)
     assert set(engine.sketch.counts(fps)) == {0}
     second.feed(phrase + " .", 0, T0)
-    assert set(engine.sketch.counts(fps)) == {2}
-    first.finish(T0)
-    second.finish(T0)
-    assert set(engine.sketch.counts(fps)) == {2}  # each tenant counted once
+    assert set(engine.sketch.counts(fps)) == {1}
+    third = engine.observe_prompt("C", "c-1", "how to ship it", now=T0)
+    third.feed(phrase + " .", 0, T0)
+    assert set(engine.sketch.counts(fps)) == {1}
+    for scan in (first, second, third):
+        scan.finish(T0)
+    assert set(engine.sketch.counts(fps)) == {3}  # each tenant counted once
+
+
+def test_a_leak_does_not_make_its_victim_a_user_of_the_leaked_text():
+    """A tenant's sentence that a faulty engine leaks to one tenant after another is
+    found every time: a victim's output does not count as its use of what leaked to it,
+    or two leaks would make the sentence common (three tenants) and the third pass
+    (bench/human_leaks.py seed 7). Text a victim's answer shares with others without a
+    finding is still its use."""
+    engine = make_engine()
+    sentence = "I have two job interviews on the same day and I cannot decide which one to miss."
+    scan = engine.observe_prompt("A", "a-1", sentence, now=T0, turns_known=True)
+    stream(scan, "Sorry to hear that.", now=T0)
+    for i, victim in enumerate("BCDE", start=1):
+        scan = engine.observe_prompt(victim, f"v-{i}", PROMPT_B, now=T0 + i)
+        found = stream(scan, f"Sure. {sentence} Bye.", now=T0 + i)
+        assert [(f.kind, f.source_tenant) for f in found] == [(FRAGMENT, "A")], victim
+    fps = engine.hasher.kgrams(unit_texts(sentence))
+    assert max(engine.sketch.counts(fps)) == 1
 
 
 # -- what a model writes for everyone (issue 18) ---------------------------------------

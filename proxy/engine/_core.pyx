@@ -2342,7 +2342,7 @@ cdef class DeltaScanner:
             if kind == 2:
                 values = owners[j]
                 j += 1
-                keep = len(values) < 64
+                keep = distinct_holders(requests, values)
                 if not (values and owned_by(requests, tenant, values)):
                     unowned.append(item)
             else:
@@ -2365,7 +2365,8 @@ cdef class DeltaScanner:
             fp = <uint64_t>item
             common = not sketch_below(flat, self.seeds, self.depth, self.mask,
                                       self.width, fp, self.common_tenants)
-            private.append(not common and len(values) < 64 and not self._public(fp))
+            private.append(not common and distinct_holders(requests, values)
+                           and not self._public(fp))
             if not common and not (values and owned_by(requests, tenant, values)):
                 unowned.append(item)
         return private, owners, unowned
@@ -2507,7 +2508,7 @@ cdef class DeltaScanner:
         if count_now:
             # A Python frame, ~5,000 calls a replay: one rule for both scans, not a copy.
             response._count_holders(count_now, holders)
-            response.engine._count_use(response.tenant, count_now, response._now)
+            response._defer_held(count_now, holders)
             response._to_count.extend([fp for fp in unowned if fp not in holders])
         else:
             response._to_count.extend(unowned)
@@ -2630,6 +2631,30 @@ cdef list feed_delta(scanner, ScanFields response, ChoiceColumns state, str delt
     clock.sequence += 1
     state.seqs.push(clock.sequence)
     return found
+
+
+#: Values of one k-gram (requests that hold it) past which it is text many share, unless
+#: they are all one tenant's.
+cdef Py_ssize_t FULL_VALUES = 64
+
+
+cpdef bint distinct_holders(dict requests, values) except -1:
+    """Whether a k-gram held by ``values`` can still be private: fewer than
+    ``FULL_VALUES``, or all of them one tenant's (a sentence that tenant sends in every
+    request is still its own, however many of its requests hold it; text that many
+    requests of several tenants hold is shared). Expired values are skipped."""
+    if len(values) < FULL_VALUES:
+        return True
+    tenant = None
+    for value in values:
+        record = requests.get(value >> 1)
+        if record is None:
+            continue
+        if tenant is None:
+            tenant = (<RequestRecord>record).tenant
+        elif (<RequestRecord>record).tenant != tenant:
+            return False
+    return True
 
 
 cdef bint owned_by(dict requests, str tenant, values) except -1:

@@ -651,7 +651,10 @@ class PythonDeltaScanner:
         counts = self.sketch.counts(fps)
         owners = self.index.lookup(fps)
         common = [count >= self.common_tenants for count in counts]
-        private = [not c and len(values) < 64 for c, values in zip(common, owners, strict=True)]
+        private = [
+            not c and _core.distinct_holders(requests, values)
+            for c, values in zip(common, owners, strict=True)
+        ]
         if baseline := self.baseline:
             private = [p and fp not in baseline for p, fp in zip(private, fps, strict=True)]
         if self.corpus.size:
@@ -727,6 +730,9 @@ class ResponseScan(_core.ScanFields):
         # ... of which only answers to the same question held them: the model's answer
         # again, which this output shares with them (it renews the entity's life).
         self._echoed_entities: set[str] = set()
+        #: This output's use of text other requests hold, ``(fingerprint, their
+        #: values)``: counted at its end, but for the text of a leak found in it.
+        self._held_uses: list[tuple[int, tuple[int, ...]]] = []
         self.finished = False
 
     def _met_entities(
@@ -807,9 +813,23 @@ class ResponseScan(_core.ScanFields):
         return out
 
     def _count_output(self) -> None:
-        """The output's use of text held by no other request, counted at its end."""
-        self.engine._count_use(self.tenant, self._to_count, self._now)
+        """The output's use of text, counted at its end: what no other request held,
+        and what others held but for the text of the leaks found in it. A victim does
+        not use what leaked to it: counted, a tenant's sentence leaked to two others
+        would turn common and its third leak pass (bench/human_leaks.py seed 7)."""
+        engine = self.engine
+        engine._count_use(self.tenant, self._to_count, self._now)
         self._to_count = _core.Column()
+        if self._held_uses:
+            leaked = {f.source_request_id for f in self.findings if f.kind == FRAGMENT}
+            used = [fp for fp, values in self._held_uses if not _holds_any(engine, values, leaked)]
+            self._held_uses = []
+            engine._count_use(self.tenant, used, self._now)
+
+    def _defer_held(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
+        """This output's use of ``fps``, which other requests hold: counted at its end
+        (``_count_output``)."""
+        self._held_uses.extend((fp, holders[fp]) for fp in fps)
 
     def _finish_choice(self, state: _ChoiceState, choice: int) -> list[Finding]:
         """What the end of a choice teaches the engine: its words, and its entities (an
@@ -1040,14 +1060,15 @@ class ResponseScan(_core.ScanFields):
         """What the output teaches the engine: its private fingerprints (``to_index``), a
         source for later and concurrent responses, right away; and its use of text
         (``unowned``) in the commonness sketch. Text another request holds (``holders``)
-        may be turning common: counted now, for this tenant and the holders. Text only
-        this output holds so far cannot be common yet: counted at the end of the
-        response (``finish``), in one batch. Counting every fingerprint on every feed
+        may be turning common: counted now for the holders, and for this tenant at the
+        end (``_count_output``: not where it leaked to it). Text only this output holds
+        so far cannot be common yet: counted at the end of the response (``finish``),
+        in one batch. Counting every fingerprint on every feed
         was about a third of the time per delta."""
         count_now = [fp for fp in unowned if fp in holders] if holders else []
         if count_now:
             self._count_holders(count_now, holders)
-            self.engine._count_use(self.tenant, count_now, self._now)
+            self._defer_held(count_now, holders)
             self._to_count.extend([fp for fp in unowned if fp not in holders])
         else:
             self._to_count.extend(unowned)
@@ -1379,6 +1400,17 @@ class _ChoiceState(_core.ChoiceColumns):
         self.cumulative.extend(islice(accumulate(weights, initial=self.cumulative[-1]), 1, None))
         first = max(0, before - k + 1)
         return first, self.hashes[first:]
+
+
+def _holds_any(engine: Engine, values: tuple[int, ...], request_ids: set[str]) -> bool:
+    """Whether one of the requests ``values`` name is one of ``request_ids``."""
+    if not request_ids:
+        return False
+    requests = engine._requests
+    return any(
+        (record := requests.get(v >> 1)) is not None and record.request_id in request_ids
+        for v in values
+    )
 
 
 def beyond(units: list[int], of: list[int]) -> list[int]:
