@@ -31,7 +31,7 @@ from proxy.engine import Engine, Finding
 from proxy.engine.baseline import Baseline, BaselineError
 from proxy.engine.records import Record
 from proxy.eventlog import make_logger
-from proxy.mitm import addon_errors
+from proxy.mitm import addon_errors, upstream_retry
 from proxy.mitm import error_pages as mitm_errors
 from proxy.mitm.detector_process import DetectorProcess, FlowMirror
 from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
@@ -74,6 +74,12 @@ OPTIONS: dict[str, tuple[type, Any, str]] = {
         True,
         "Answer proxy-level errors (upstream unreachable, ...) with OpenAI-format JSON "
         "instead of mitmproxy's HTML page.",
+    ),
+    "crosstalk_upstream_retry": (
+        bool,
+        True,
+        "Send a request once more on a fresh connection when the kept-alive upstream "
+        "connection it went out on was closed before any answer (else a 502).",
     ),
 }
 
@@ -132,6 +138,11 @@ class CrossTalk:
             ctx.options.update(connection_strategy="lazy")
             return
         (mitm_errors.install if ctx.options.crosstalk_json_errors else mitm_errors.uninstall)()
+        (
+            upstream_retry.install
+            if ctx.options.crosstalk_upstream_retry
+            else upstream_retry.uninstall
+        )()
         if self.log is not None and not updated & set(OPTIONS):
             return
         try:
