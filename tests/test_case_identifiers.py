@@ -380,11 +380,14 @@ def test_the_words_of_a_firms_name_its_own_answers_write_stay_the_firms():
 @pytest.mark.parametrize(
     ("written", "found"),
     [("€1,815.87", True), ("EUR 1,815.87", True), ("1,815.87", True), ("1,815.87 EUR", True),
-     ("CHF 1,815.87", False), ("$1,815.87", False), ("1,815.87 GBP", False)],
+     ("CHF 1,815.87", False), ("$1,815.87", True), ("1,815.87 GBP", False),
+     ("USD 1,815.87", False)],
 )  # fmt: skip
 def test_an_amount_in_another_currency_is_another_amount(written, found):
     """ "CHF 1,815.87" a model made up is not the "€1,815.87" of another tenant's ticket
-    (bench/human_leaks.py flagged a clean answer so, seed 3, warm)."""
+    (bench/human_leaks.py flagged a clean answer so, seed 3, warm). A bare "$" is a
+    model's habit when it copies an amount (Gemma 3 wrote "$777.55" for "€777.55",
+    bench/real_model.py seed 10): the same amount."""
     e = engine()
     answer(e, "acme", "src-1", "The rent payment of €1,815.87 bounced.", "Noted.", T0)
     output = f"The adjusted figure is {written} (ref. 12)."

@@ -821,8 +821,10 @@ class ResponseScan(_core.ScanFields):
         engine._count_use(self.tenant, self._to_count, self._now)
         self._to_count = _core.Column()
         if self._held_uses:
-            leaked = {f.source_request_id for f in self.findings if f.kind == FRAGMENT}
-            used = [fp for fp, values in self._held_uses if not _holds_any(engine, values, leaked)]
+            # By tenant, not by request: which of the source's requests a finding names
+            # depends on the order its runs were judged in.
+            leaked = {f.source_tenant for f in self.findings if f.kind == FRAGMENT}
+            used = [fp for fp, values in self._held_uses if not _held_by(engine, values, leaked)]
             self._held_uses = []
             engine._count_use(self.tenant, used, self._now)
 
@@ -1402,14 +1404,13 @@ class _ChoiceState(_core.ChoiceColumns):
         return first, self.hashes[first:]
 
 
-def _holds_any(engine: Engine, values: tuple[int, ...], request_ids: set[str]) -> bool:
-    """Whether one of the requests ``values`` name is one of ``request_ids``."""
-    if not request_ids:
+def _held_by(engine: Engine, values: tuple[int, ...], tenants: set[str]) -> bool:
+    """Whether one of the requests ``values`` name is one of ``tenants``'."""
+    if not tenants:
         return False
     requests = engine._requests
     return any(
-        (record := requests.get(v >> 1)) is not None and record.request_id in request_ids
-        for v in values
+        (record := requests.get(v >> 1)) is not None and record.tenant in tenants for v in values
     )
 
 

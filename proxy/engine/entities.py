@@ -636,15 +636,19 @@ def is_case_kind(kind: str) -> bool:
 
 def same_currency(kind: str, raw: str, start: int, end: int) -> bool:
     """Whether an amount key of ``kind`` matched at ``raw[start:end]`` is written in its
-    own currency there, or in none: "CHF 1,815.87" is not "€1,815.87" (a model inventing
-    figures wrote it so beside another tenant's ticket; human-text bench, seed 3)."""
+    own currency there, in none, or with a bare "$": "CHF 1,815.87" is not "€1,815.87" (a
+    simulated answer's made-up figure beside another tenant's ticket; human-text bench,
+    seed 3), but a model copying an amount writes its habitual "$" for another sign
+    (Gemma 3 wrote "$777.55" for a ticket's "€777.55": real-model bench, seed 10)."""
     currency = kind.partition(":")[2]
     if not kind.startswith(f"{AMOUNT}:") or not currency:
         return True
     written = _CURRENCY_BEFORE.search(raw[max(0, start - 4) : start]) or _CURRENCY_AFTER.search(
         raw[end : end + 5]
     )
-    return written is None or _CURRENCIES[written.group(0).strip()] == currency
+    if written is None or written.group(0).strip() == "$":
+        return True
+    return _CURRENCIES[written.group(0).strip()] == currency
 
 
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
