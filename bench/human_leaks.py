@@ -314,7 +314,8 @@ def score(run: Run) -> Score:
                 s.recitations_flagged.append(rid)
             continue
         private = own.get(source.tenant, set()) - grams(victim.prompt, PRIVATE_RUN)
-        found = evidence(f["leaked_text"], known(rid), source, private)
+        victim_knows = known(rid)
+        found = evidence(f["leaked_text"], victim_knows, source, private)
         if not found:
             s.other_faults += 1
             s.other_flagged += rid in flagged
@@ -325,7 +326,7 @@ def score(run: Run) -> Score:
             if any(e.get("source_tenant") == source.tenant for e in flagged[rid]):
                 s.right_source.append(rid)
             if run.mode == "enforce" and evidence(
-                run.outputs.get(rid, ""), known(rid), source, private
+                run.outputs.get(rid, ""), victim_knows, source, private
             ):
                 s.delivered.append(rid)
         else:

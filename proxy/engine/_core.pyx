@@ -2507,8 +2507,7 @@ cdef class DeltaScanner:
         cdef list count_now = [fp for fp in unowned if fp in holders] if holders else []
         if count_now:
             # A Python frame, ~5,000 calls a replay: one rule for both scans, not a copy.
-            response._count_holders(count_now, holders)
-            response._defer_held(count_now, holders)
+            response._use_held(count_now, holders)
             response._to_count.extend([fp for fp in unowned if fp not in holders])
         else:
             response._to_count.extend(unowned)

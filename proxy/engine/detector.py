@@ -730,9 +730,9 @@ class ResponseScan(_core.ScanFields):
         # ... of which only answers to the same question held them: the model's answer
         # again, which this output shares with them (it renews the entity's life).
         self._echoed_entities: set[str] = set()
-        #: This output's use of text other requests hold, ``(fingerprint, their
-        #: values)``: counted at its end, but for the text of a leak found in it.
-        self._held_uses: list[tuple[int, tuple[int, ...]]] = []
+        #: This output's use of text other requests hold, fingerprint -> their index
+        #: values: counted at its end, but for the text of a leak found in it.
+        self._held_uses: dict[int, tuple[int, ...]] = {}
         self.finished = False
 
     def _met_entities(
@@ -820,18 +820,18 @@ class ResponseScan(_core.ScanFields):
         engine = self.engine
         engine._count_use(self.tenant, self._to_count, self._now)
         self._to_count = _core.Column()
-        if self._held_uses:
-            # By tenant, not by request: which of the source's requests a finding names
-            # depends on the order its runs were judged in.
-            leaked = {f.source_tenant for f in self.findings if f.kind == FRAGMENT}
-            used = [fp for fp, values in self._held_uses if not _held_by(engine, values, leaked)]
-            self._held_uses = []
-            engine._count_use(self.tenant, used, self._now)
-
-    def _defer_held(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
-        """This output's use of ``fps``, which other requests hold: counted at its end
-        (``_count_output``)."""
-        self._held_uses.extend((fp, holders[fp]) for fp in fps)
+        held, self._held_uses = self._held_uses, {}
+        if not held:
+            return
+        # By tenant, not by request: which of the source's requests a finding names
+        # depends on the order its runs were judged in.
+        leaked = {f.source_tenant for f in self.findings if f.kind == FRAGMENT}
+        used = list(held)
+        if leaked:
+            by_tenant = _core.holders_by_tenant(engine._requests, self.tenant, used, held)
+            theirs = {fp for tenant in leaked for fp in by_tenant.get(tenant, ())}
+            used = [fp for fp in used if fp not in theirs]
+        engine._count_use(self.tenant, used, self._now)
 
     def _finish_choice(self, state: _ChoiceState, choice: int) -> list[Finding]:
         """What the end of a choice teaches the engine: its words, and its entities (an
@@ -1047,14 +1047,16 @@ class ResponseScan(_core.ScanFields):
             touched.update(state.runs)
         return self._fragment_findings(state, choice, touched)
 
-    def _count_holders(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
-        """The other tenants that hold ``fps`` used them: counted now. A holder still
-        streaming counts its new text only at its end, and text several outputs are
-        writing at once must not wait for that to turn common. Counting a use twice is
-        harmless: the pair filter counts each tenant once."""
+    def _use_held(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
+        """This output met ``fps``, which other requests hold. The other tenants that
+        hold them used them: counted now (a holder still streaming counts its new text
+        only at its end, and text several outputs are writing at once must not wait for
+        that to turn common; the pair filter counts each tenant once). This output's own
+        use waits for its end (``_count_output``), when its leaks are known."""
         by_tenant = _core.holders_by_tenant(self.engine._requests, self.tenant, fps, holders)
         for tenant, used in by_tenant.items():
             self.engine._count_use(tenant, used, self._now)
+        self._held_uses.update((fp, holders[fp]) for fp in fps)
 
     def _learn_from(
         self, unowned: list[int], holders: dict[int, tuple[int, ...]], to_index: list[int]
@@ -1069,8 +1071,7 @@ class ResponseScan(_core.ScanFields):
         was about a third of the time per delta."""
         count_now = [fp for fp in unowned if fp in holders] if holders else []
         if count_now:
-            self._count_holders(count_now, holders)
-            self._defer_held(count_now, holders)
+            self._use_held(count_now, holders)
             self._to_count.extend([fp for fp in unowned if fp not in holders])
         else:
             self._to_count.extend(unowned)
@@ -1402,16 +1403,6 @@ class _ChoiceState(_core.ChoiceColumns):
         self.cumulative.extend(islice(accumulate(weights, initial=self.cumulative[-1]), 1, None))
         first = max(0, before - k + 1)
         return first, self.hashes[first:]
-
-
-def _held_by(engine: Engine, values: tuple[int, ...], tenants: set[str]) -> bool:
-    """Whether one of the requests ``values`` name is one of ``tenants``'."""
-    if not tenants:
-        return False
-    requests = engine._requests
-    return any(
-        (record := requests.get(v >> 1)) is not None and record.tenant in tenants for v in values
-    )
 
 
 def beyond(units: list[int], of: list[int]) -> list[int]:

@@ -578,6 +578,10 @@ _REFERENCE = re.compile(
 # ``_AMOUNT`` and ``same_currency`` read.
 _CURRENCIES = {"$": "USD", "€": "EUR", "£": "GBP", "¥": "JPY",
                **{code: code for code in ("USD", "EUR", "GBP", "CHF", "JPY")}}  # fmt: skip
+# Signs a model writes for an amount in any currency when it copies one (Gemma 3 wrote
+# "$777.55" for a ticket's "€777.55": real-model bench, seed 10): beside a number they
+# say nothing about which currency it is in.
+_LOOSE_SIGNS = frozenset("$")
 _SYMBOLS = re.escape("".join(c for c in _CURRENCIES if len(c) == 1))
 _CODES = "|".join(c for c in _CURRENCIES if len(c) > 1)
 _NUMBER = r"\d{1,3}(?:[,.]\d{3})*(?:[.,]\d{2})?"
@@ -636,19 +640,17 @@ def is_case_kind(kind: str) -> bool:
 
 def same_currency(kind: str, raw: str, start: int, end: int) -> bool:
     """Whether an amount key of ``kind`` matched at ``raw[start:end]`` is written in its
-    own currency there, in none, or with a bare "$": "CHF 1,815.87" is not "€1,815.87" (a
-    simulated answer's made-up figure beside another tenant's ticket; human-text bench,
-    seed 3), but a model copying an amount writes its habitual "$" for another sign
-    (Gemma 3 wrote "$777.55" for a ticket's "€777.55": real-model bench, seed 10)."""
+    own currency there, in none, or with a loose sign (``_LOOSE_SIGNS``): "CHF 1,815.87"
+    is not "€1,815.87" (a simulated answer's made-up figure beside another tenant's
+    ticket; human-text bench, seed 3), "$1,815.87" may be."""
     currency = kind.partition(":")[2]
     if not kind.startswith(f"{AMOUNT}:") or not currency:
         return True
     written = _CURRENCY_BEFORE.search(raw[max(0, start - 4) : start]) or _CURRENCY_AFTER.search(
         raw[end : end + 5]
     )
-    if written is None or written.group(0).strip() == "$":
-        return True
-    return _CURRENCIES[written.group(0).strip()] == currency
+    sign = written.group(0).strip() if written else None
+    return sign is None or sign in _LOOSE_SIGNS or _CURRENCIES[sign] == currency
 
 
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
