@@ -366,6 +366,8 @@ def report(label: str, run: Run, s: Score) -> list[str]:
     print(f"| other faults (nothing private) flagged | {s.other_flagged}/{s.other_faults} | |")
     for rid, kind, why in s.missed[:20]:
         print(f"  missed {rid} ({kind}): {len(why)} chars of evidence")
+    for rid in s.clean_flagged[:12]:
+        print(f"  clean flagged {rid}")
     if run.errors:
         print(f"  client errors: {len(run.errors)}, first: {run.errors[0]}")
         misses.append(f"{label}:client_errors")

@@ -402,3 +402,73 @@ def test_an_amount_in_another_currency_is_another_amount(written, found):
 def test_amount_keys_carry_the_currency_written_before_or_after(text, key):
     """One currency table: a symbol after the number ("5,678.91 €") is read as well."""
     assert key in list(iter_case_keys(text, []))
+
+
+MAILBOX_SOURCE = (
+    "Glenn-Vincent customer support\n"
+    "Ticket ZD-871065 from Grace Hunter <grace.hunter@proton.me>\n\n"
+    "The tutoring sessions I paid for were cancelled three times.\n\nReply:"
+)
+
+
+@pytest.mark.parametrize(
+    ("output", "found"),
+    [
+        ("Reply from the Grace Hunter support team: sorry.", True),
+        ("Reply from the Grace support team: sorry.", False),  # a first name alone
+        ("Hunter is a common surname; Grace is a common name.", False),
+    ],
+)
+def test_a_plain_name_that_spells_its_mailbox_is_found(output, found):
+    """ "Grace" and "Hunter" are plain words, so no rare pair keys the name, yet the
+    name that spells the address beside it is that address's owner: a real model wrote
+    such a name ("George Ramirez", both words plain by then) as another tenant's
+    "support team" (bench/real_model.py, seed 11)."""
+    e = engine()
+    assert e._common_word("Grace") and e._common_word("Hunter")  # the case under test
+    answer(e, "acme", "src-1", MAILBOX_SOURCE, "We will look into it.", T0)
+    got = answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in got] == ([(ENTITY, "acme")] if found else [])
+
+
+def test_a_mailbox_name_the_victim_wrote_about_is_its_own():
+    """The victim's customer writes about "my friend Grace Hunter"; another tenant's
+    ticket comes from a Grace Hunter by mail. The model naming the friend leaks nothing
+    (human-text bench, seed 4, flagged such an answer)."""
+    e = engine()
+    answer(e, "acme", "src-1", MAILBOX_SOURCE, "We will look into it.", T0)
+    own = "My old school friend Grace Hunter asked me to be a guarantor. What do I say?"
+    output = "You could tell Grace Hunter kindly that you cannot take the risk."
+    assert answer(e, "globex", "v-1", own, output, T0 + 1) == []
+
+
+@pytest.mark.parametrize(
+    ("prompt", "output", "found"),
+    [
+        ("Our landlord Okonkwo and Sons kept the deposit.", "Reply from the Okonkwo and to", True),
+        ("Our landlord Brown and Sons kept the deposit.", "Ask Brown and Smith first.", False),
+    ],
+)
+def test_a_rare_firms_head_with_its_and_is_found(prompt, output, found):
+    """A model cuts a firm's name at its "and" ("Reply from the Griffin and to talk to
+    someone"; bench/real_model.py, seed 11): a rare name's head is the firm's, a plain
+    surname's ("Brown and") is anyone's."""
+    e = engine()
+    assert e._common_word("Brown") and not e._common_word("Okonkwo")
+    answer(e, "acme", "src-1", prompt, "We will look into it.", T0)
+    got = answer(e, "globex", "v-1", VICTIM_PROMPT, f"{output} someone.", T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in got] == ([(ENTITY, "acme")] if found else [])
+
+
+def test_an_address_made_up_around_a_leak_stays_with_the_firm():
+    """A faulted answer to another tenant made up "support@hayes-wyatt.com" around the
+    firm's name (a leak, found); the firm's own next answer writing that address is not
+    a leak back (bench/real_model.py, seed 11, flagged one so)."""
+    e = engine()
+    firm = "Hayes-Wyatt customer support\nI owe money on a closed account.\n\nReply:"
+    answer(e, "hw", "src-1", firm, "We will look into it.", T0)
+    leaked = "Please email Support@hayes-wyatt.com and we will help."
+    found = answer(e, "globex", "v-1", VICTIM_PROMPT, leaked, T0 + 1)
+    assert [f.source_tenant for f in found] == ["hw"]
+    own = "You can contact Hayes-Wyatt support at support@hayes-wyatt.com today."
+    assert answer(e, "hw", "src-2", firm, own, T0 + 2) == []

@@ -748,7 +748,9 @@ class ResponseScan(_core.ScanFields):
             matches = [
                 m
                 for m in matches
-                if not self._names_own_company(folded, *m) and self._as_written(raw, *m)
+                if not self._names_own_company(folded, *m)
+                and not self._names_own_person(folded, *m)
+                and self._as_written(raw, *m)
             ]
         state.matches.extend((*m, len(state.batches)) for m in matches)
         return self._entity_findings(choice, matches)
@@ -842,7 +844,10 @@ class ResponseScan(_core.ScanFields):
             choice, [(s, e, i) for kind, i, s, e in state.extracted if kind != MODEL_NAME]
         )
         output_value = self.output_value
+        around_leaks = self._around_leaks(state, choice)
         for kind, entity_id, _, _ in state.extracted:
+            if entity_id in around_leaks:
+                continue
             if kind == MODEL_NAME:
                 # Kept in time order (a renewed name moves to the end): the sweep drops
                 # the expired ones from the front.
@@ -869,6 +874,20 @@ class ResponseScan(_core.ScanFields):
             )
             self._drop_later_outputs(engine.entities.table[entity_id])
         return found
+
+    def _around_leaks(self, state: _ChoiceState, choice: int) -> set[str]:
+        """Ids of the entities of a choice that hold a leak found in it, but for the
+        leaked entities themselves: the source's text, not this output's own.
+        "support@hayes-wyatt.com", made up around another tenant's firm in a faulted
+        answer, made this tenant its owner, and the firm's own next answer with it a
+        leak (real-model bench, seed 11)."""
+        spans = [(f.start, f.end) for f in self.findings if f.choice == choice]
+        return {
+            entity_id
+            for _, entity_id, start, end in state.extracted
+            if entity_id not in self._foreign_entities
+            and any(start < f_end and f_start < end for f_start, f_end in spans)
+        }
 
     def _drop_later_outputs(self, owner: EntityOwner) -> None:
         """A string no prompt held, in this output and in outputs of requests that came
@@ -1324,6 +1343,20 @@ class ResponseScan(_core.ScanFields):
         return head is not None and all(
             h in self.own_units and h not in self.own_name_units
             for h in self.engine.hasher.units(unit_texts(head))
+        )
+
+    def _names_own_person(self, folded: str, start: int, end: int, entity_id: str) -> bool:
+        """Whether a matched name key ("kimberly smith") has each of its words in the
+        names of this request's own prompt ("my friend Kimberly Smith"): the model
+        naming whom its customer wrote about. A prompt keys a rare pair itself, but not
+        a name of plain words that another prompt keyed by its mailbox (human-text
+        bench, seed 4, flagged such an answer)."""
+        owner = self.engine.entities.table.get(entity_id)
+        if owner is None or owner.kind != "name":
+            return False
+        return all(
+            h in self.own_name_units
+            for h in self.engine.hasher.units(unit_texts(folded[start:end]))
         )
 
     def _entity_sources(
