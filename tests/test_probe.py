@@ -23,6 +23,7 @@ from proxy.assurance.probe import (
     iban_like,
     make_request,
     make_tenants,
+    make_workload,
 )
 from proxy.engine.entities import iter_entity_keys
 from proxy.sim.faults import extract_entities, luhn_valid
@@ -108,7 +109,7 @@ def test_progress_plain_when_not_a_terminal() -> None:
 def test_probe_finds_injected_leaks_and_exits_nonzero(leaky: Sim, tmp_path: Path) -> None:
     done, record = probe(
         "--target", leaky.url, "--tenants", "4", "--requests", "160", "--concurrency", "8",
-        evidence=tmp_path / "ev",
+        "--seed", "5", evidence=tmp_path / "ev",
     )  # fmt: skip
     assert done.returncode == 1, done.stdout + done.stderr
     assert "CONTAMINATION FOUND" in done.stdout
@@ -138,14 +139,29 @@ def test_probe_finds_injected_leaks_and_exits_nonzero(leaky: Sim, tmp_path: Path
         if f["kind"] == "prompt_page" and whole_value.search(f["leaked_text"])
     ]  # fmt: skip
     assert all(f["request_id"] in victims for f in pages), pages
-    # Pages and mis-routed answers of 8+ words are found, but for some made only of
-    # common words (measured while writing this: 93% over six runs, 9/13 at worst).
+    # Pages and mis-routed answers of 8+ words that carry a word only the source's
+    # tenant sent are found. The judge is the probe's own record (the seed rebuilds what
+    # each tenant sent): a page of the shared template, or a mis-routed answer that
+    # holds only another tenant's or the victim's own values, leaks nothing of the
+    # source. Measured while writing this, probe seeds 1-7 once each and seed 5 eight
+    # times: 102 of 102 such pages found (of all 8+-word pages, 100 of 102).
     big = [
         f for f in faults.values()
         if f["kind"] in ("prompt_page", "misroute") and f["leaked_words"] >= 8
+        and private_words(f["leaked_text"], f["source_tenant"], seed=5, tenants=4, requests=160)
     ]  # fmt: skip
-    found = sum(f["request_id"] in victims for f in big)
-    assert big and found >= 0.6 * len(big), (found, len(big))
+    missed = [f["leaked_text"][:80] for f in big if f["request_id"] not in victims]
+    assert big and len(missed) <= 0.05 * len(big), (missed, len(big))
+
+
+def private_words(text: str, tenant: str, *, seed: int, tenants: int, requests: int) -> set[str]:
+    """The words of ``text`` that ``tenant``'s prompts hold and no other tenant's do."""
+    _, sent = make_workload(tenants, requests, random.Random(seed))
+    holders: dict[str, set[str]] = {}
+    for req in sent:
+        for word in re.findall(r"\w+", req.prompt_text().casefold()):
+            holders.setdefault(word, set()).add(req.tenant)
+    return {w for w in re.findall(r"\w+", text.casefold()) if holders.get(w) == {tenant}}
 
 
 def test_probe_clean_engine_exits_zero(clean: Sim, tmp_path: Path) -> None:

@@ -164,6 +164,17 @@ def make_tenants(count: int, rng: random.Random) -> list[Tenant]:
     ]
 
 
+def make_workload(
+    tenants: int, requests: int, rng: random.Random
+) -> tuple[list[Tenant], list[ProbeRequest]]:
+    """The probe's tenants and its requests in sending order (a seeded ``rng`` makes
+    the same ones again: a judge can rebuild what each tenant sent)."""
+    made = make_tenants(tenants, rng)
+    out = [make_request(i, made[i % len(made)], rng) for i in range(requests)]
+    rng.shuffle(out)
+    return made, out
+
+
 def make_request(index: int, tenant: Tenant, rng: random.Random) -> ProbeRequest:
     """A request whose every private value is fresh random data."""
     hexdigits = "0123456789ABCDEF"
@@ -675,10 +686,8 @@ async def run_probe(
     connector = aiohttp.TCPConnector(limit=params.concurrency)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         model = params.model or await discover_model(session, base, params.api_key)
-        tenants = make_tenants(params.tenants, rng)
+        tenants, requests = make_workload(params.tenants, params.requests, rng)
         by_name = {t.name: t for t in tenants}
-        requests = [make_request(i, tenants[i % len(tenants)], rng) for i in range(params.requests)]
-        rng.shuffle(requests)
         checker = Checker(engine)
         load = Tally()
         bar = progress(len(requests)) if progress else None
