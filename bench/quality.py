@@ -38,7 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import orjson  # noqa: E402
 
-from proxy.defaults import load_baseline, load_surnames, load_vocabulary  # noqa: E402
+from proxy.defaults import (  # noqa: E402
+    load_baseline,
+    load_first_names,
+    load_surnames,
+    load_vocabulary,
+)
 from proxy.engine import Engine, EngineConfig  # noqa: E402
 from proxy.engine.entities import extract_entities  # noqa: E402
 from proxy.sim.answers import answer_for  # noqa: E402
@@ -84,7 +89,13 @@ def word_lists(baseline: str | None, vocabulary: str | None) -> tuple[list[str],
 def new_engine(args: argparse.Namespace, config: EngineConfig) -> Engine:
     """A fresh engine with the bench's baseline and vocabulary."""
     baseline, vocabulary = word_lists(args.baseline, args.vocabulary)
-    return Engine(config, baseline=baseline, plain_words=vocabulary, surnames=load_surnames())
+    return Engine(
+        config,
+        baseline=baseline,
+        plain_words=vocabulary,
+        surnames=load_surnames(),
+        first_names=load_first_names(),
+    )
 
 
 def model_text_of(req) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from proxy.config import Config, ConfigError
-from proxy.defaults import load_baseline, load_surnames, load_vocabulary
+from proxy.defaults import load_baseline, load_first_names, load_surnames, load_vocabulary
 from proxy.engine import Engine, EngineConfig
 from proxy.engine.baseline import Baseline, BaselineError
 from proxy.tenants import TenantRules, load_jwt_key
@@ -42,6 +42,7 @@ def build_engine(
         baseline=baseline,
         plain_words=vocabulary,
         surnames=load_surnames(),
+        first_names=load_first_names(),
     )
     for path in config.detection.baselines:
         try:

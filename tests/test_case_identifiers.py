@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.defaults import load_baseline, load_surnames, load_vocabulary
+from proxy.defaults import load_baseline, load_first_names, load_surnames, load_vocabulary
 from proxy.engine import ENTITY, Engine, EngineConfig
 from proxy.engine.entities import iter_case_keys
 
@@ -26,13 +26,18 @@ VICTIM_PROMPT = "Q: What is a database index and when should I add one?\nA:"
 
 PLAIN = load_vocabulary()
 SURNAMES = load_surnames()
+FIRST_NAMES = load_first_names()
 BASELINE = load_baseline()
 
 
 def engine(**config) -> Engine:
     """An engine as the proxy builds it: the shipped vocabularies and baseline."""
     return Engine(
-        EngineConfig(key=KEY, **config), baseline=BASELINE, plain_words=PLAIN, surnames=SURNAMES
+        EngineConfig(key=KEY, **config),
+        baseline=BASELINE,
+        plain_words=PLAIN,
+        surnames=SURNAMES,
+        first_names=FIRST_NAMES,
     )
 
 
@@ -472,3 +477,39 @@ def test_an_address_made_up_around_a_leak_stays_with_the_firm():
     assert [f.source_tenant for f in found] == ["hw"]
     own = "You can contact Hayes-Wyatt support at support@hayes-wyatt.com today."
     assert answer(e, "hw", "src-2", firm, own, T0 + 2) == []
+
+
+@pytest.mark.parametrize(
+    ("output", "found"),
+    [
+        ("About Richard Williams asked me to: here is my view.", True),
+        ("Richard Williams will call you back.", True),
+        ("Ask Richard, or Mrs Williams, for help.", False),  # not a full name
+        ("the richard williams of this world", False),  # not written as a name
+    ],
+)
+def test_a_full_name_of_a_first_name_and_a_surname_is_found(output, found):
+    """ "Richard" and "Williams" are plain words, and no address spells them, yet a
+    frequent first name before a frequent surname is somebody: the simulator's answer
+    restating another tenant's "my friend Richard Williams" was cut only after it had
+    reached the client (bench/human_leaks.py, seed 8, enforce)."""
+    e = engine()
+    assert e._common_word("Richard") and e._common_word("Williams")  # the case under test
+    source = "My old school friend Richard Williams asked me to be a guarantor on his loan."
+    answer(e, "acme", "src-1", source, "That is hard.", T0)
+    got = answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)
+    assert [(f.kind, f.source_tenant) for f in got] == ([(ENTITY, "acme")] if found else [])
+
+
+def test_a_company_whose_words_models_write_in_other_names_is_still_a_key():
+    """Models write "Inc" in every firm's name and "Lee" in many a person's: that does
+    not make the firm "Lee Inc" a name the model made up (bench/human_leaks.py, seed 8:
+    its answers reached other tenants unfound)."""
+    e = engine()
+    answer(e, "initech", "i-1", "Who can help?", "Ask Bruce Lee at Frey Inc about it.", T0)
+    answer(
+        e, "acme", "src-1", "Lee Inc customer support\nMy order is late.\n\nReply:", "Ok.", T0 + 1
+    )
+    output = "Regarding the Lee Inc support team, here is what I found."
+    got = answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 2)
+    assert [(f.kind, f.source_tenant) for f in got] == [(ENTITY, "acme")]

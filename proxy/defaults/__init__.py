@@ -19,6 +19,7 @@ VOCABULARY = "vocabulary"
 BASELINE = "baseline"
 ADVISORIES = "advisories.toml"
 NAMES = "names"
+FIRST_NAMES = "first_names"
 
 
 class _TextFile(Protocol):
@@ -34,7 +35,7 @@ class DefaultsMissing(RuntimeError):
 
 def shipped(name: str) -> Traversable:
     """The shipped file or directory ``name`` (``VOCABULARY``, ``BASELINE``, ``ADVISORIES``,
-    ``NAMES``).
+    ``NAMES``, ``FIRST_NAMES``).
     Raises DefaultsMissing when it is not installed."""
     item = resources.files(__package__) / name
     if not (item.is_dir() or item.is_file()):
@@ -90,3 +91,9 @@ def load_surnames() -> frozenset[str]:
     """Frequent surnames, lowercased (``names/*.txt``): what makes a run of plain words
     ("Hill-Thompson") a name. Shipped only; not a vocabulary (its words stay plain)."""
     return frozenset(w for text in read_texts(shipped(NAMES)) for w in text.split())
+
+
+def load_first_names() -> frozenset[str]:
+    """Frequent first names, lowercased (``first_names/*.txt``): what makes a pair of
+    plain words before a frequent surname ("Richard Williams") a person's full name."""
+    return frozenset(w for text in read_texts(shipped(FIRST_NAMES)) for w in text.split())

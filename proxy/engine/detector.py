@@ -162,12 +162,16 @@ class Engine(_core.EngineClock):
         baseline: Iterable[str] = (),
         plain_words: Iterable[str] = (),
         surnames: Iterable[str] = (),
+        first_names: Iterable[str] = (),
     ):
         self.config = config = config or EngineConfig()
         #: Frequent surnames, lowercased: a name made only of plain words that are all
         #: surnames ("Hill-Thompson") is a case key where written as a name
         #: (``entities.PROPER_NAME``). Without them such names are nobody's.
         self.surnames = frozenset(w.lower() for w in surnames)
+        #: Frequent first names, lowercased: one before a frequent surname ("Richard
+        #: Williams") makes a full name of plain words a ``PROPER_NAME`` key too.
+        self.first_names = frozenset(w.lower() for w in first_names)
         self.hasher = Hasher(config.key or os.urandom(32), config.k)
         self.index = FingerprintIndex(max_fingerprints=config.max_fingerprints)
         self.sketch = CommonnessSketch(
@@ -367,7 +371,9 @@ class Engine(_core.EngineClock):
                     entity_id = self.entity_id(key)
                     texts[entity_id] = key
                     entities.append((MODEL_NAME, entity_id))
-            for kind, key in iter_entity_keys(text, self._common_word, self._surname):
+            for kind, key in iter_entity_keys(
+                text, self._common_word, self._surname, self._first_name
+            ):
                 if is_case_kind(kind) and (not self.config.case_identifiers or key in model_keys):
                     continue
                 if kind in NAME_KINDS and self._model_written(key, kind):
@@ -406,17 +412,31 @@ class Engine(_core.EngineClock):
         """Whether ``word`` is one of the engine's frequent surnames (``surnames``)."""
         return word.lower() in self.surnames
 
+    def _first_name(self, word: str) -> bool:
+        """Whether ``word`` is one of the engine's frequent first names (``first_names``)."""
+        return word.lower() in self.first_names
+
     def _model_written(self, name: str, kind: str = "name") -> bool:
         """Whether models wrote every word of ``name`` in capitalised names of the window
         (``model_names``): a prompt that quotes an earlier answer (a conversation sent
         as one completions string) names the people the model made up, and a model
-        writing such names for another tenant leaks nobody's. A ``PROPER_NAME`` is made
-        of plain surnames that models write in many names ("King", "Lewis"): only the
-        whole name ("King-Lewis") written by a model makes it one."""
+        writing such names for another tenant leaks nobody's. A ``PROPER_NAME`` made of
+        plain surnames that models write in many names ("King", "Lewis") is one only if
+        a model wrote it whole ("King-Lewis"), but a person's full name ("Elias Brennan")
+        by its words, as a rare pair is: models make up people from such words."""
         names = self.model_names
-        if kind == PROPER_NAME:
+        # A company by its legal form ("Lee Inc"): the form is every firm's word and a
+        # plain surname many a name's, so only the firm's whole name written by a model
+        # makes it one (human-text bench, seed 8: "Lee Inc" went unfound so).
+        whole = kind == PROPER_NAME and not self._full_name(name)
+        if whole or company_head(name) is not None:
             return self.entity_id(name) in names
         return all(self.entity_id(w) in names for w in name.replace("-", " ").split())
+
+    def _full_name(self, key: str) -> bool:
+        """Whether ``key`` is a first name and a surname ("richard williams")."""
+        first, _, last = key.partition(" ")
+        return first in self.first_names and last in self.surnames
 
     def ingest_prompt(self, record: PromptRecord) -> ResponseScan:
         """``observe_prompt`` from a record: the same state as if the text had been seen

@@ -670,6 +670,7 @@ def iter_case_keys(
     claimed: list[tuple[int, int]],
     common_word: Callable[[str], bool] | None = None,
     surname: Callable[[str], bool] | None = None,
+    first_name: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, str]]:
     """``(kind, key)`` of the case identifiers in ``text`` outside ``claimed`` spans:
     ``reference`` (the folded token, and its digit run alone when that has six or more
@@ -680,7 +681,8 @@ def iter_case_keys(
     common word ("United States", "Docker Compose", "Dear Amy") and compounds made only
     of common words. Those made only of common words that ``surname`` (the engine's
     frequent surnames) all passes ("Hill-Thompson", "Short, Washington and Green",
-    "Wood Group") are ``PROPER_NAME`` keys instead: names only where written as one."""
+    "Wood Group") are ``PROPER_NAME`` keys instead: names only where written as one; so
+    is a pair of a ``first_name`` and a surname ("Richard Williams")."""
 
     def free(s: int, e: int) -> bool:
         return not any(s < ce and cs < e for cs, ce in claimed)
@@ -703,6 +705,7 @@ def iter_case_keys(
             yield f"{AMOUNT}:{currency}", number
     common = common_word or (lambda _: False)
     surname = surname or (lambda _: False)
+    first_name = first_name or (lambda _: False)
     for m in _CAPITALISED.finditer(text):
         if not free(*m.span()):
             continue
@@ -728,6 +731,11 @@ def iter_case_keys(
             # ("Customer Service", "Docker Compose", a sentence's "About Novak").
             if not (common(a) or common(b)):
                 yield "name", fold(f"{a} {b}")
+            elif first_name(a) and surname(b):
+                # A person's full name of plain words: who "Richard Williams" is, a
+                # prompt says; a model writing it for another tenant leaks that
+                # (human-text bench, seed 8, delivered one before its end).
+                yield PROPER_NAME, fold(f"{a} {b}")
     for pattern in (_FIRM, _ORGANISATION):
         for m in pattern.finditer(text):
             if free(*m.span()) and (kind := _name_kind([m.group(1)], common, surname)):
@@ -828,6 +836,7 @@ def iter_entity_keys(
     text: str,
     common_word: Callable[[str], bool] | None = None,
     surname: Callable[[str], bool] | None = None,
+    first_name: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, str]]:
     """``(kind, key)`` for every entity in ``text``; key is the lowercased text. A long
     IBAN also yields its head (``IBAN_HEAD_CHARS``, ending on a whole group): a leaked
@@ -841,7 +850,7 @@ def iter_entity_keys(
             if " " not in key or key[len(head)] == " ":
                 yield ent.kind, head
     claimed = [(e.start, e.end) for e in entities]
-    case_keys = iter_case_keys(text, claimed, common_word, surname)
+    case_keys = iter_case_keys(text, claimed, common_word, surname, first_name)
     for kind, key in itertools.chain(case_keys, iter_mailbox_names(text, entities)):
         if len(key) >= MIN_ENTITY_CHARS:
             yield kind, key
