@@ -194,6 +194,17 @@ class MetricsSection:
 
 
 @dataclass(frozen=True, slots=True)
+class OtelSection:
+    # OpenTelemetry export (docs/operations.md, "OpenTelemetry"): a span per LLM exchange
+    # and the counters, over OTLP/HTTP (protobuf) to this base URL, e.g. a Collector's
+    # "http://127.0.0.1:4318" (/v1/traces and /v1/metrics are appended). Empty: off.
+    endpoint: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # e.g. an authorization header
+    service_name: str = "crosstalk"
+    metrics_interval_seconds: float = 60.0  # how often the counters are exported
+
+
+@dataclass(frozen=True, slots=True)
 class DegenerateSection:
     # Degenerate-output signal (docs/detection.md, "Degenerate output"): logged, never blocking.
     enabled: bool = True
@@ -258,6 +269,7 @@ class Config:
     index: IndexSection = field(default_factory=IndexSection)
     prevention: PreventionSection = field(default_factory=PreventionSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
+    otel: OtelSection = field(default_factory=OtelSection)
     degenerate: DegenerateSection = field(default_factory=DegenerateSection)
     tls: TLSSection = field(default_factory=TLSSection)
     limits: LimitsSection = field(default_factory=LimitsSection)
@@ -408,6 +420,7 @@ def validate(config: Config) -> Config:
     _validate_index(config.index, d.key)
     _validate_prevention(config)
     _validate_metrics(config.metrics, config.degenerate)
+    _validate_otel(config.otel)
     if config.policy.shadow_detector == "process" and config.enforces():
         raise ConfigError(
             'policy.shadow_detector = "process" cannot serve enforce mode (its cut needs '
@@ -449,6 +462,15 @@ def _validate_metrics(m: MetricsSection, d: DegenerateSection) -> None:
         raise ConfigError("metrics.max_tenant_labels must be >= 0")
     if d.rate_window_seconds <= 0:
         raise ConfigError("degenerate.rate_window_seconds must be > 0")
+
+
+def _validate_otel(o: OtelSection) -> None:
+    if o.endpoint and not o.endpoint.startswith(("http://", "https://")):
+        raise ConfigError("otel.endpoint must be an http:// or https:// URL (OTLP/HTTP)")
+    if not all(isinstance(v, str) for v in o.headers.values()):
+        raise ConfigError("otel.headers: every value must be a string")
+    if o.metrics_interval_seconds <= 0:
+        raise ConfigError("otel.metrics_interval_seconds must be > 0")
 
 
 def _validate_index(index: IndexSection, key: str) -> None:
@@ -544,6 +566,7 @@ def _from_data(data: dict[str, Any], overrides: dict[str, Any]) -> Config:
         "index": IndexSection,
         "prevention": PreventionSection,
         "metrics": MetricsSection,
+        "otel": OtelSection,
         "degenerate": DegenerateSection,
         "tls": TLSSection,
         "limits": LimitsSection,

@@ -5,7 +5,7 @@ load :func:`default_addons`, so the three cannot drift apart. The order matters:
 limits first (a refused request never gets a monitor), ``CrossTalk`` (it creates each
 flow's monitor, which the others read), then
 prevention (its stream transform runs after the scan and enforce mode's gate), the
-degenerate signal and metrics.
+degenerate signal, metrics and OpenTelemetry export.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from proxy.mitm.addon import CrossTalk
 from proxy.mitm.degenerate_addon import CrossTalkDegenerate
 from proxy.mitm.limits import CrossTalkLimits
 from proxy.mitm.metrics import CrossTalkMetrics
+from proxy.mitm.otel import CrossTalkOtel
 from proxy.mitm.prevention_addon import CrossTalkPrevention
 
 
@@ -38,4 +39,5 @@ def default_addons(
         CrossTalkPrevention(),
         CrossTalkDegenerate(),
         CrossTalkMetrics(),
+        CrossTalkOtel(),
     ]

@@ -193,6 +193,7 @@ class ExchangeMonitor(MonitorFields):
     # that raises is switched off for the exchange (never a detector failure).
     on_delta: Callable[[int, str], None] | None = None
     on_scan: Callable[[float], None] | None = None
+    scan_seconds: float = 0.0  # the engine's scan calls on this exchange, in all
     _texts: dict[int, list[str]] = field(default_factory=dict)
     _batched: dict[int, list[str]] = field(default_factory=dict)
     _batched_chars: int = 0
@@ -502,6 +503,7 @@ class ExchangeMonitor(MonitorFields):
         start, paused = time.perf_counter(), GC_PAUSES.seconds
         found = call(*args)
         elapsed = time.perf_counter() - start - (GC_PAUSES.seconds - paused)
+        self.scan_seconds += elapsed
         if self.on_scan is not None:
             self.on_scan(elapsed)
         self._report(found)
