@@ -513,3 +513,21 @@ def test_a_company_whose_words_models_write_in_other_names_is_still_a_key():
     output = "Regarding the Lee Inc support team, here is what I found."
     got = answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 2)
     assert [(f.kind, f.source_tenant) for f in got] == [(ENTITY, "acme")]
+
+
+@pytest.mark.parametrize(
+    ("written", "found"),
+    [("ticket 959486", True), ("#959486", True), ("ORD-2026-959486", False),
+     ("REF/959486", False), ("TCK-959486", False)],
+)  # fmt: skip
+def test_a_tickets_digits_in_another_code_are_not_that_ticket(written, found):
+    """ "959486" of ticket "#959486" stands for it alone ("ticket 959486"), not as the
+    last group of a code a model made up ("ORD-2026-959486"): six random digits meet
+    another tenant's ticket by chance (bench/human_leaks.py, seed 9, warm). The cost: a
+    model that gives the ticket another prefix ("TCK-959486") is not found by it."""
+    e = engine()
+    answer(
+        e, "acme", "src-1", "Ticket #959486 from a customer: my card was charged twice.", "Ok.", T0
+    )
+    output = f"Your request is tracked as {written} in our system."
+    assert bool(answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)) is found

@@ -49,6 +49,7 @@ from proxy.engine.entities import (
     name_words,
     public_number_texts,
     same_currency,
+    standalone_digits,
     written_as_name,
 )
 from proxy.engine.fingerprint import Hasher, StreamWinnower, winnowed
@@ -1344,12 +1345,15 @@ class ResponseScan(_core.ScanFields):
     def _as_written(self, raw: str, start: int, end: int, entity_id: str) -> bool:
         """Whether a case key met at ``raw[start:end]`` is written as its kind needs: a
         ``PROPER_NAME`` as a name (``written_as_name``), an amount in its own currency or
-        none (``same_currency``); any other key as it is."""
+        none (``same_currency``), a reference's digits alone as a number of their own
+        (``standalone_digits``); any other key as it is."""
         owner = self.engine.entities.table.get(entity_id)
         if owner is None:
             return True
         if owner.kind == PROPER_NAME:
             return written_as_name(raw, start, end)
+        if owner.kind == "reference" and raw[start:end].isdigit():
+            return standalone_digits(raw, start, end)
         return same_currency(owner.kind, raw, start, end)
 
     def _names_own_company(self, folded: str, start: int, end: int, entity_id: str) -> bool:

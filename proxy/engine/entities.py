@@ -654,6 +654,16 @@ def same_currency(kind: str, raw: str, start: int, end: int) -> bool:
     return sign is None or sign in _LOOSE_SIGNS or _CURRENCIES[sign] == currency
 
 
+def standalone_digits(raw: str, start: int, end: int) -> bool:
+    """Whether the digits at ``raw[start:end]`` (a reference's digits alone, "959486" of
+    "#959486") stand as a number of their own ("ticket 959486"), not as the last group
+    of a longer code ("ORD-2026-959486"): a model makes up such codes for everyone, and
+    six random digits meet another tenant's ticket by chance (human-text bench, seed 9,
+    warm, flagged a clean answer so)."""
+    before = raw[max(0, start - 2) : start]
+    return not (len(before) == 2 and before[1] in "-/" and before[0].isalnum())
+
+
 #: Letters past a compound name's last hyphen that its cut head keeps (``iter_case_keys``).
 COMPOUND_HEAD_LETTERS = 3
 #: Significant digits an amount needs: a round or small one (500.00, 49.99) is written
