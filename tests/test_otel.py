@@ -7,6 +7,7 @@ prompt or output text is in any of it."""
 from __future__ import annotations
 
 import gzip
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import TEST_KEY, run_mitmdump, run_sim
+from conftest import TEST_KEY, run_mitmdump, run_sim, wait_for_events
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
@@ -210,3 +211,25 @@ def test_spans_and_counters_reach_an_otlp_receiver_without_text(tmp_path: Path, 
 def test_an_endpoint_that_is_not_http_is_refused():
     with pytest.raises(ConfigError, match="otel.endpoint"):
         load_text('[otel]\nendpoint = "grpc://127.0.0.1:4317"\n')
+
+
+def test_a_receiver_that_is_down_costs_spans_not_traffic(tmp_path: Path):
+    """Nothing listens at the endpoint: every exchange is still answered and logged."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = s.getsockname()[1]  # closed again before the proxy starts
+    config = tmp_path / "crosstalk.toml"
+    config.write_text(
+        f'[proxy]\nmode = "enforce"\n[detection]\nkey = "{TEST_KEY}"\n'
+        f'[otel]\nendpoint = "http://127.0.0.1:{dead}"\n'
+    )
+    with (
+        run_sim(tmp_path, "--leak-rate", "0") as sim,
+        run_mitmdump(tmp_path, sim.url, f"crosstalk_config={config}") as proxy,
+    ):
+        texts = [exchange(proxy.url, "tenant-a", f"r-{i}", "What is an index?") for i in range(3)]
+        events = wait_for_events(
+            proxy.log, lambda ev: sum(e["event"] == "exchange" for e in ev) >= 3, timeout=30
+        )
+    assert all(texts)
+    assert {e["verdict"] for e in events if e["event"] == "exchange"} == {"clean"}

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 
 EXPORTED_KEY = "crosstalk.otel_exported"
 SCOPE = "crosstalk"
+# Seconds one export may take, retries included: a receiver that is down then costs a
+# batch, and the proxy's shutdown a few seconds, not the SDK's default of ten a try.
+EXPORT_TIMEOUT = 3.0
 
 
 def wall_ns(monotonic: float) -> int:
@@ -61,10 +64,16 @@ class OtelExport:
         resource = Resource.create({"service.name": section.service_name})
         self.traces = TracerProvider(resource=resource)
         self.traces.add_span_processor(
-            BatchSpanProcessor(OTLPSpanExporter(endpoint=f"{base}/v1/traces", headers=headers))
+            BatchSpanProcessor(
+                OTLPSpanExporter(
+                    endpoint=f"{base}/v1/traces", headers=headers, timeout=EXPORT_TIMEOUT
+                )
+            )
         )
         reader = PeriodicExportingMetricReader(
-            OTLPMetricExporter(endpoint=f"{base}/v1/metrics", headers=headers),
+            OTLPMetricExporter(
+                endpoint=f"{base}/v1/metrics", headers=headers, timeout=EXPORT_TIMEOUT
+            ),
             export_interval_millis=section.metrics_interval_seconds * 1000,
         )
         self.meters = MeterProvider(resource=resource, metric_readers=[reader])
