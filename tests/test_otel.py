@@ -66,29 +66,30 @@ class Receiver:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def spans(self) -> list:
+    def messages(self, path: str) -> list:
+        """The decoded requests sent to ``path`` so far."""
         with self.lock:
-            return [
-                span
-                for path, msg in self.received
-                if path == "/v1/traces"
-                for rs in msg.resource_spans
-                for ss in rs.scope_spans
-                for span in ss.spans
-            ]
+            return [msg for p, msg in self.received if p == path]
+
+    def spans(self) -> list:
+        return [
+            span
+            for msg in self.messages("/v1/traces")
+            for rs in msg.resource_spans
+            for ss in rs.scope_spans
+            for span in ss.spans
+        ]
 
     def metric_points(self, name: str) -> list:
-        with self.lock:
-            return [
-                point
-                for path, msg in self.received
-                if path == "/v1/metrics"
-                for rm in msg.resource_metrics
-                for sm in rm.scope_metrics
-                for metric in sm.metrics
-                if metric.name == name
-                for point in metric.sum.data_points
-            ]
+        return [
+            point
+            for msg in self.messages("/v1/metrics")
+            for rm in msg.resource_metrics
+            for sm in rm.scope_metrics
+            for metric in sm.metrics
+            if metric.name == name
+            for point in metric.sum.data_points
+        ]
 
 
 @contextmanager

@@ -194,13 +194,14 @@ class CrossTalkOtel:
         span = export.tracer.start_span(
             f"crosstalk {path}", parent, SpanKind.SERVER, attributes, start_time=start
         )
-        for finding in monitor.findings:
+        actions = [monitor.action_for(finding) for finding in monitor.findings]
+        for finding, action in zip(monitor.findings, actions, strict=True):
             span.add_event(
                 "crosstalk.leak",
                 {
                     "crosstalk.leak.kind": finding.kind,
                     "crosstalk.leak.source_tenant": finding.source_tenant,
-                    "crosstalk.leak.action": monitor.action_for(finding),
+                    "crosstalk.leak.action": action,
                     "crosstalk.leak.output_start": finding.start,
                     "crosstalk.leak.output_end": finding.end,
                 },
@@ -211,6 +212,6 @@ class CrossTalkOtel:
         span.end(end_time=end)
         tenant = self.tenants(monitor.tenant)
         export.requests.add(1, {"tenant": tenant, "verdict": monitor.verdict})
-        for finding in monitor.findings:
-            export.findings.add(1, {"kind": finding.kind, "action": monitor.action_for(finding)})
+        for finding, action in zip(monitor.findings, actions, strict=True):
+            export.findings.add(1, {"kind": finding.kind, "action": action})
         export.scan_time.record(monitor.scan_seconds)
