@@ -11,8 +11,8 @@ identifiers, or a whole misrouted answer, and writes what it did to its truth fi
 
 The judge owes nothing to the engine. A fault is a *target* when its inserted text holds
 one of the source request's identifiers (``Request.values``) that the victim's own prompt
-does not, or 8 consecutive words (its own tokenizer, casefolded) of the source's prompt
-that no other tenant's prompt holds. A page of a prompt that pasted public text is a
+does not, or 8 consecutive words (its own tokenizer, casefolded) of the source's prompt,
+none of them inside a run of 8 that another tenant's prompt holds too. A page of a prompt that pasted public text is a
 *recitation*: never a leak (besides the workload's own, the simulator's test hooks make
 one more answer recite 32 words of each paste, ``recitations``). Other faults (a page of an answer to a shared question, a
 few words) are reported as their own row. Answers the simulator did not touch are
@@ -51,7 +51,7 @@ from common import (  # noqa: E402
     wait_listening,
 )
 from faker import Faker  # noqa: E402
-from real_model import grams, holds_value, read_jsonl, start_crosstalk  # noqa: E402
+from real_model import grams, holds_value, read_jsonl, start_crosstalk, words  # noqa: E402
 
 TARGETS = {
     "recall": 0.97,  # target leaks with a finding on the victim's answer
@@ -273,18 +273,32 @@ def evidence(leaked: str, known: str, source: Message, private: set) -> list[str
     return values + runs
 
 
+def private_runs(sent: list[tuple[str, str]]) -> dict[str, set[tuple[str, ...]]]:
+    """Each tenant's runs of ``PRIVATE_RUN`` words that are its own: no word of the run
+    lies in a run that another tenant sent too. A shared code block followed by "I have"
+    is a run no other tenant sent, but it tells nobody anything: only the words after
+    the shared text are the tenant's."""
+    holders: dict[tuple[str, ...], set[str]] = {}
+    for tenant, text in sent:
+        for g in grams(text, PRIVATE_RUN):
+            holders.setdefault(g, set()).add(tenant)
+    own: dict[str, set[tuple[str, ...]]] = {}
+    for tenant, text in sent:
+        ws = words(text)
+        shared = [False] * len(ws)
+        for i in range(len(ws) - PRIVATE_RUN + 1):
+            if len(holders[tuple(ws[i : i + PRIVATE_RUN])]) > 1:
+                shared[i : i + PRIVATE_RUN] = [True] * PRIVATE_RUN
+        for i in range(len(ws) - PRIVATE_RUN + 1):
+            if not any(shared[i : i + PRIVATE_RUN]):
+                own.setdefault(tenant, set()).add(tuple(ws[i : i + PRIVATE_RUN]))
+    return own
+
+
 def score(run: Run) -> Score:
     s = Score()
     judged = {r.request_id for r in run.requests}
-    # 8-word runs of each tenant's prompts: a run another tenant sent is nobody's.
-    holders: dict[tuple, set[str]] = {}
-    for r in run.everything.values():
-        for g in grams(f"{r.system}\n{r.prompt}", PRIVATE_RUN):
-            holders.setdefault(g, set()).add(r.tenant)
-    own: dict[str, set[tuple]] = {}  # each tenant's runs that no other tenant sent
-    for g, tenants in holders.items():
-        if len(tenants) == 1:
-            own.setdefault(next(iter(tenants)), set()).add(g)
+    own = private_runs([(r.tenant, f"{r.system}\n{r.prompt}") for r in run.everything.values()])
     # What each tenant wrote up to each of its requests (the record's order: warm-up,
     # then judged as sent).
     written: dict[str, list[str]] = {}
