@@ -38,7 +38,7 @@ SIGKILL after 5 s) on the way out; every wait is bounded. Three measurements, on
    USAGE key SAMPLES 0`` (every node counted), divided by the exchanges it holds
    (prompt records), by its entries, and by the *unit hashes* its records carry (every
    entry decompressed and decoded). The engine fingerprints 4-unit k-grams and keeps
-   every k-gram (``winnow_window`` 1), so each unit hash starts one fingerprint: bytes
+   every k-gram, so each unit hash starts one fingerprint: bytes
    per unit hash = bytes per fingerprint carried. Also: bytes per index entry that the
    receiving engine B made from the pair's stream (``engine.fingerprints`` after
    ingesting; the private fingerprints only, so fewer), and ``INFO memory``

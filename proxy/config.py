@@ -80,7 +80,6 @@ class DetectionSection:
     state_file: str = ""  # learned commonness, loaded at start and saved at exit (.npz)
     # Engine parameters (EngineConfig; docs/detection.md and bench/quality.py for their effect).
     k: int = _ENGINE.k
-    winnow_window: int = _ENGINE.winnow_window
     min_run_words: float = _ENGINE.min_run_words
     plain_run_factor: float = _ENGINE.plain_run_factor
     plain_user_factor: float = _ENGINE.plain_user_factor
@@ -321,11 +320,19 @@ class Config:
         return EngineConfig(key=key, **{name: getattr(d, name) for name in shared})
 
 
+#: Keys an older configuration may still hold, and why they went.
+REMOVED_KEYS = {
+    "winnow_window": "the engine keeps every k-gram of a text (docs/detection.md); delete the line",
+}
+
+
 def _section(cls: type, name: str, data: Any) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"[{name}] must be a table")
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = set(data) - set(fields)
+    if gone := sorted(unknown & REMOVED_KEYS.keys()):
+        raise ConfigError(f"{name}.{gone[0]} is gone: {REMOVED_KEYS[gone[0]]}")
     if unknown:
         raise ConfigError(f"unknown key(s) in [{name}]: {', '.join(sorted(unknown))}")
     values = {}
@@ -388,10 +395,8 @@ def validate(config: Config) -> Config:
             raise ConfigError(f"tenants.jwt_key_file {t.jwt_key_file}: {e}") from None
     if not t.jwt_claim:
         raise ConfigError("tenants.jwt_claim must name a claim")
-    if d.k < 2 or d.winnow_window < 1 or d.min_run_words <= 0 or d.common_tenants < 2:
-        raise ConfigError(
-            "detection: need k >= 2, winnow_window >= 1, min_run_words > 0, common_tenants >= 2"
-        )
+    if d.k < 2 or d.min_run_words <= 0 or d.common_tenants < 2:
+        raise ConfigError("detection: need k >= 2, min_run_words > 0, common_tenants >= 2")
     if d.max_fingerprints < 1 or d.max_rare_words < 1:
         raise ConfigError("detection: max_fingerprints and max_rare_words must be >= 1")
     _validate_policy(config.policy)

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core, entities
 from proxy.engine.detector import beyond, sorted_unique, uint64_array
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
-from proxy.engine.fingerprint import Hasher, StreamWinnower, winnow, winnowed
+from proxy.engine.fingerprint import Hasher
 from proxy.engine.index import CommonnessSketch, FingerprintIndex
 from proxy.engine.ordered_replay import replay
 from proxy.engine.tokens import CHAR_WEIGHT, WORD_WEIGHT, StreamTokenizer, unit_texts, units_of
@@ -985,59 +985,16 @@ def test_engines_with_different_keys_do_not_share_sources():
     assert engine.hasher.kgrams(words(LEAK_A)) != other.hasher.kgrams(words(LEAK_A))
 
 
-# -- fingerprint: winnowing ----------------------------------------------------------
-
-fingerprint_lists = st.lists(
-    st.one_of(st.integers(0, 6), st.integers(0, 2**64 - 1)), min_size=0, max_size=60
-)
-
-
-@given(fps=fingerprint_lists, w=st.integers(0, 9))
-def test_winnowed_is_winnows_fingerprints(fps, w):
-    assert winnowed(fps, w) == [fp for _, fp in winnow(fps, w)]
-
-
-@settings(max_examples=300, deadline=None)
-@given(fps=fingerprint_lists, w=st.integers(1, 9))
-def test_stream_winnower_agrees_with_winnow(fps, w):
-    streamed = []
-    winnower = StreamWinnower(w)
-    for i, fp in enumerate(fps):
-        if (s := winnower.push(i, fp)) is not None:
-            streamed.append(s)
-    if (tail := winnower.flush()) is not None:
-        streamed.append(tail)
-    assert streamed == winnow(fps, w)
-
-
-@settings(max_examples=300, deadline=None)
-@given(fps=fingerprint_lists, w=st.integers(1, 9))
-def test_winnow_selects_the_minimum_of_every_window(fps, w):
-    selected = winnow(fps, w)
-    indices = [i for i, _ in selected]
-    assert indices == sorted(set(indices))
-    assert all(fps[i] == fp for i, fp in selected)
-    for start in range(max(1, len(fps) - w + 1)):
-        window = fps[start : start + w]
-        if window:
-            assert min(window) in {fp for i, fp in selected if start <= i < start + w}
-
+# -- fingerprint ---------------------------------------------------------------------
 
 vocab_units = st.sampled_from(["alpha", "beta", "gamma", "delta", "eps", "zeta", "eta", "中", "文"])
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    k=st.integers(1, 5),
-    w=st.integers(1, 6),
-    extra=st.integers(0, 6),
-    data=st.data(),
-)
-def test_shared_run_of_w_plus_k_minus_1_units_shares_a_fingerprint(k, w, extra, data):
+@given(k=st.integers(1, 5), extra=st.integers(0, 6), data=st.data())
+def test_a_shared_run_of_k_units_shares_a_fingerprint(k, extra, data):
     hasher = Hasher(KEY, k)
-    shared = data.draw(
-        st.lists(vocab_units, min_size=w + k - 1 + extra, max_size=w + k - 1 + extra)
-    )
+    shared = data.draw(st.lists(vocab_units, min_size=k + extra, max_size=k + extra))
     doc_a = (
         data.draw(st.lists(vocab_units, max_size=12))
         + shared
@@ -1048,9 +1005,7 @@ def test_shared_run_of_w_plus_k_minus_1_units_shares_a_fingerprint(k, w, extra, 
         + shared
         + data.draw(st.lists(vocab_units, max_size=12))
     )
-    fa = {fp for _, fp in winnow(hasher.kgrams(doc_a), w)}
-    fb = {fp for _, fp in winnow(hasher.kgrams(doc_b), w)}
-    assert fa & fb
+    assert set(hasher.kgrams(doc_a)) & set(hasher.kgrams(doc_b))
 
 
 # -- tokens --------------------------------------------------------------------------
@@ -1772,6 +1727,17 @@ def test_max_rare_words_below_one_is_a_config_error():
 
     with pytest.raises(ConfigError, match="max_rare_words"):
         load_text("[detection]\nmax_rare_words = 0\n")
+
+
+def test_a_removed_key_says_why_it_went():
+    """``winnow_window`` went with the Python scan: an older configuration that still
+    holds it is told what to do, not only that the key is unknown."""
+    from proxy.config import ConfigError, load_text
+
+    with pytest.raises(ConfigError, match=r"detection\.winnow_window is gone: .*delete the line"):
+        load_text("[detection]\nwinnow_window = 1\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_text("[detection]\nwinnow_windows = 1\n")
 
 
 @settings(max_examples=150, deadline=None)

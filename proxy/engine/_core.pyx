@@ -1855,13 +1855,10 @@ cdef class DeltaScanner:
     new k-grams, and their classification against the index and the commonness sketch
     (``Engine._classify``). A new k-gram that is not common and has an owner other than
     this tenant's requests may be foreign: those few take the slow path (``_scan_held``,
-    the steps of ``scan_kgrams``), the others are done here as
-    ``ResponseScan._learn_from`` would do them (the private k-grams indexed as this
-    output's, the uses queued for the sketch). ``step`` returns the delta's findings.
-
-    ``detector.PythonDeltaScanner`` (whose ``scan`` hands every new k-gram to the slow
-    path) and the Python ``ResponseScan._scan_kgrams`` are what both are held to: the
-    same state after every delta, the same findings.
+    the steps of ``scan_kgrams``), the others are done here as ``_learn_from`` does
+    them (the private k-grams indexed as this output's, the uses queued for the
+    sketch). ``step`` returns the delta's findings. The only written copy of the scan:
+    ``tests/test_core_parity.py`` holds its findings and state to golden records.
 
     Holds the engine's tables by reference: the sketch's counters and the hasher's cache
     change in place, the index is asked for its frozen generations on every call. The
@@ -1937,8 +1934,7 @@ cdef class DeltaScanner:
 
     def flush(self, response, ChoiceColumns columns):
         """The end of the choice's stream: its held-back word, a unit now, appended to
-        the columns (``StreamTokenizer.flush`` and ``ResponseScan.add_batch``, as
-        ``detector.PythonDeltaScanner.flush`` runs them). Returns ``(first, k-grams)``:
+        the columns (``StreamTokenizer.flush`` and ``ResponseScan.add_batch``). Returns ``(first, k-grams)``:
         the new k-grams and the index of the first, for ``scan_kgrams`` to finish."""
         cdef TokenizerState tokenizer = columns.tokenizer
         cdef str text = tokenizer._pending
@@ -2191,7 +2187,7 @@ cdef class DeltaScanner:
         ``first``, and what the output learns from them; the findings, or None. Owned
         but common k-grams (shared system prompts, popular questions) and k-grams only
         this tenant holds (its prompt echoed, its earlier answers) are no evidence of a
-        leak: handled here as ``ResponseScan._scan_kgrams`` would handle them. One that
+        leak: handled here as ``scan_kgrams`` would handle them. One that
         is not common and has an owner other than this tenant's requests of the window
         may be foreign: those take the slow path (``_scan_held``)."""
         cdef IndexFields index = self.index
@@ -2260,9 +2256,9 @@ cdef class DeltaScanner:
     cdef list _scan_held(self, ScanFields response, ChoiceColumns state, choice,
                          Py_ssize_t first, Py_ssize_t n, Py_ssize_t held, set tenant_owned):
         """``_classify`` of a delta with ``held`` k-grams another request may hold (at
-        ``held_at``): those are classified and matched as ``_scan_kgrams`` would, the
+        ``held_at``): those are classified and matched as ``scan_kgrams`` would, the
         others as ``_classify`` does, and the delta is learned in its order, by the calls
-        ``_scan_kgrams`` on all of them makes. Like it, all is read before anything is
+        ``scan_kgrams`` on all of them makes. Like it, all is read before anything is
         written: the sketch and the index change only once every k-gram is classified.
         A whole response with one such k-gram no longer takes the slow path for all."""
         cdef uint64_t* grams = self.grams
@@ -2293,8 +2289,7 @@ cdef class DeltaScanner:
         """``Engine._classify``: per k-gram, whether it is still private (not common,
         held by fewer than 64 values, in neither the baseline nor its corpus) and its
         owners in the index; and the k-grams whose use by ``tenant`` the sketch must
-        count (not common, and held by none of the tenant's requests in ``requests``).
-        ``detector.PythonDeltaScanner.classify`` is the Python it is held to."""
+        count (not common, and held by none of the tenant's requests in ``requests``)."""
         return self._classify_all(requests, tenant, fps)
 
     def classify_prompt(self, dict requests, str tenant, list fps, Py_ssize_t start,
@@ -2371,19 +2366,13 @@ cdef class DeltaScanner:
                 unowned.append(item)
         return private, owners, unowned
 
-    def scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
-                    Py_ssize_t first, list fps, bint final=False):
-        """``ResponseScan._scan_kgrams`` for an engine that keeps every k-gram (no
-        winnowing): classify and match the k-grams the newest units completed (the
-        first at unit ``first``), then learn from them. Returns the findings. Beside
-        the index's own methods (``lookup``, ``add_many``), Python runs only to count
-        uses of text in the sketch (``Engine._count_use``) and to report a run that is
-        evidence (``_fragment_finding``). ``ResponseScan._scan_kgrams`` is the Python it
-        is held to."""
-        return self._scan_kgrams(response, state, choice, first, fps, final)
-
-    cdef list _scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
-                           Py_ssize_t first, list fps, bint final):
+    cpdef list scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
+                           Py_ssize_t first, list fps, bint final=False):
+        """The fragment scan proper: classify and match the k-grams the newest units
+        completed (the first at unit ``first``), then learn from them. Returns the
+        findings. Beside the index's own methods (``lookup``, ``add_many``), Python runs
+        only to count uses of text in the sketch (``Engine._count_use``) and to report a
+        run that is evidence (``ResponseScan._fragment_finding``)."""
         if not fps:
             if not final:
                 return []
@@ -2435,7 +2424,7 @@ cdef class DeltaScanner:
         return matched
 
     cdef list _foreign_values(self, ScanFields response, tuple values, double horizon):
-        """``ResponseScan._foreign_values``: the index values (request slot and
+        """The index values (request slot and
         prompt/output bit) that make this k-gram foreign: none when the victim's tenant
         or enough tenants use it, or when it is in the answer to the same question.
         A request older than ``horizon`` is out of the window, swept or not."""
@@ -2447,7 +2436,7 @@ cdef class DeltaScanner:
             if record is None or record.time < horizon:
                 continue  # expired
             if value & 1:
-                if self._same_question(response, value >> 1):
+                if self.same_question(response, value >> 1):
                     return []  # the answer to the same question: explained, whoever has it
                 if record.carries is not None and response.tenant in record.carries:
                     continue  # a copy of this tenant's answer: no evidence (_carried)
@@ -2465,9 +2454,10 @@ cdef class DeltaScanner:
             return [v for v in foreign if v & 1]
         return foreign
 
-    cdef bint _same_question(self, ScanFields response, slot) except -1:
-        """``ResponseScan._same_question``: whether ``slot``'s request asked (nearly)
-        what this response's did (``similar_prompts``), asked once per slot."""
+    cpdef bint same_question(self, ScanFields response, slot) except -1:
+        """Whether ``slot``'s request asked (nearly) what this response's did
+        (``similar_prompts``), asked once per slot: a response meets the same source
+        on many of its k-grams."""
         same = response._similar.get(slot)
         if same is None:
             same = response._similar[slot] = similar_prompts(
@@ -2493,7 +2483,8 @@ cdef class DeltaScanner:
         return found if frozen is None else frozen.values_after(fp, found)
 
     cdef object _specific_units(self, value):
-        """``ResponseScan._specific_units``: a foreign output's prompt units (the
+        """For a foreign output (index value with the output bit), the units that make
+        its text specific to its exchange: its prompt's units (the
         engine's empty array once its request is gone); None for a foreign prompt."""
         if not value & 1:
             return None
@@ -2502,8 +2493,14 @@ cdef class DeltaScanner:
 
     cdef int _learn_from(self, ScanFields response, list unowned, dict holders,
                          list to_index) except -1:
-        """``ResponseScan._learn_from``: index the output's private k-grams; count the
-        use of text other requests hold now, and queue the rest for the output's end."""
+        """What the output teaches the engine: its private fingerprints (``to_index``),
+        a source for later and concurrent responses, right away; and its use of text
+        (``unowned``) in the commonness sketch. Text another request holds (``holders``)
+        may be turning common: counted now for the holders
+        (``ResponseScan._use_held``), and for this tenant at the end
+        (``ResponseScan._count_output``: not where it leaked to it). Text only this
+        output holds so far cannot be common yet: counted at the response's end, in one
+        batch (counting every fingerprint on every feed was a third of a delta's time)."""
         cdef list count_now = [fp for fp in unowned if fp in holders] if holders else []
         if count_now:
             # A Python frame, ~5,000 calls a replay: one rule for both scans, not a copy.
@@ -2516,7 +2513,7 @@ cdef class DeltaScanner:
 
     cdef list _fragment_findings(self, ScanFields response, ChoiceColumns state, choice,
                                  set touched):
-        """``ResponseScan._fragment_findings``: the runs ``touched`` that are evidence
+        """The runs ``touched`` that are evidence
         (``_enough``), each reported once per source tenant by the Python
         ``_fragment_finding``, in the set's order."""
         if not touched:
@@ -2536,8 +2533,21 @@ cdef class DeltaScanner:
 
     cdef bint _enough(self, ChoiceColumns state, Run run, bint of_output,
                       bint user_words) except -1:
-        """``ResponseScan._enough``: whether a foreign prompt's or output's coverage of
-        this choice is evidence (its docstring says when)."""
+        """Whether a foreign prompt's or output's coverage of this choice is evidence.
+
+        A contiguous run of ``min_run_words`` with a distinctive word; without one,
+        ``plain_run_factor`` (prompt), ``plain_user_factor`` (a prompt whose turns are
+        known: ``user_words``) or ``plain_output_factor`` (output, 0: never) times as
+        long; or, for pages cut into short pieces by common text and for whole
+        mis-routed answers, coverage of ``2 * min_run_words`` that fills at least
+        ``containment`` of the span it is scattered over, with two distinctive words (or
+        ``plain_cover_factor * min_run_words`` of coverage without them). A foreign
+        output's coverage must also hold a unit specific to its exchange (``Run.specific``)
+        on every path: a model writes the same phrasing, code scaffolding and even names
+        for many tenants; what only one exchange's output holds is its numbers and the
+        words of its own prompt it restates. Without one, a foreign output's text is the
+        model's habit (a mis-route included: an answer with nothing of its exchange in
+        it tells nobody anything)."""
         cdef long threshold = self.run_threshold
         if of_output:
             for i in run.specific:
@@ -2567,7 +2577,7 @@ cdef class DeltaScanner:
 
     cdef bint _only_tenant_holds(self, response, uint64_t fp) except -1:
         """Every request that holds ``fp`` is this response's tenant's and in the window
-        (``ResponseScan._source_record``): then no value of it is foreign
+        (``ResponseScan._source_record``'s test): then no value of it is foreign
         (``_foreign_values``), and the tenant's use of it is counted already
         (``Engine._classify``'s ``unowned``)."""
         cdef tuple values = self._values_of(fp)
@@ -2602,23 +2612,16 @@ cdef class DeltaScanner:
         return 0
 
 
-cdef list feed_delta(scanner, ScanFields response, ChoiceColumns state, str delta, choice,
+cdef list feed_delta(DeltaScanner scanner, ScanFields response, ChoiceColumns state, str delta, choice,
                      EntityIndexFields entity_index, EngineClock clock):
     """``ScanFields.feed`` once its choice's state is found: ``scanner``'s fragment
-    step (``DeltaScanner``, its slow path included; or ``detector.PythonDeltaScanner``
-    and the Python ``ResponseScan._scan_kgrams`` for the k-grams it hands back), the
-    entity scan, and the record of the feed (the units so far, the next of ``clock``'s
-    sequence numbers). Returns the findings. Python runs only when a step meets
-    something: a k-gram another tenant holds that is not common yet, an entity, a
-    pending key."""
-    cdef list found
-    if type(scanner) is DeltaScanner:
-        found = (<DeltaScanner>scanner).step(response, state, delta, choice)
-        if found is None:
-            found = []
-    else:
-        step = scanner.scan(response, state, delta)
-        found = [] if step is None else response._scan_kgrams(state, choice, *step)
+    step (its slow path included), the entity scan, and the record of the feed (the
+    units so far, the next of ``clock``'s sequence numbers). Returns the findings.
+    Python runs only when a step meets something: a k-gram another tenant holds that is
+    not common yet, an entity, a pending key."""
+    cdef list found = scanner.step(response, state, delta, choice)
+    if found is None:
+        found = []
     entities = state.entities
     if entities is not None:
         if entity_index.pending and entity_index.rebuild_due():

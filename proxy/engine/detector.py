@@ -52,7 +52,7 @@ from proxy.engine.entities import (
     standalone_digits,
     written_as_name,
 )
-from proxy.engine.fingerprint import Hasher, StreamWinnower, winnowed
+from proxy.engine.fingerprint import Hasher
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
 from proxy.engine.tokens import (
@@ -98,7 +98,6 @@ class EngineConfig:
 
     key: bytes | None = None  # fingerprint key; None generates one at start
     k: int = 4  # units per shingle
-    winnow_window: int = 1  # 1 keeps every k-gram (docs/detection.md explains the trade)
     min_run_words: float = 8.0  # contiguous foreign run that makes a fragment finding
     # A run made only of plain words (which most tenants use) must be this many times
     # longer. From a prompt: 2; a completions prompt is one string, so the earlier
@@ -263,9 +262,7 @@ class Engine(_core.EngineClock):
         """The compiled per-delta step over this engine's tables (built on first use,
         and again after the baseline corpus changes)."""
         if self._delta_scanner is None:
-            # The compiled step indexes every private k-gram: winnowing needs the Python.
-            fused = self.config.winnow_window <= 1
-            self._delta_scanner = (_core.DeltaScanner if fused else PythonDeltaScanner)(
+            self._delta_scanner = _core.DeltaScanner(
                 self.hasher,
                 self.sketch,
                 self.index,
@@ -489,7 +486,7 @@ class Engine(_core.EngineClock):
             turns_known=record.turns_known,
         )
         value = slot << 1
-        kept = winnowed(private, self.config.winnow_window)
+        kept = private
         if model_fps:  # earlier assistant turns: indexed as this request's output
             self.index.add_many([fp for fp in kept if fp not in model_fps], value, now)
             self.index.add_many([fp for fp in kept if fp in model_fps], value | 1, now)
@@ -513,8 +510,7 @@ class Engine(_core.EngineClock):
         """Per fingerprint: whether it is still private (not baseline, not common) and
         its current owners in the index; and the fingerprints whose use by ``tenant``
         the commonness sketch must count (common text no longer needs counting; nor
-        does text this tenant already owns in the index). The delta scanner's
-        ``classify``: compiled, or Python when the engine winnows."""
+        does text this tenant already owns in the index): ``_core.DeltaScanner.classify``."""
         if not fps:
             return [], [], []
         scanner = self._delta_scanner or self.delta_scanner()
@@ -638,85 +634,6 @@ class Engine(_core.EngineClock):
         return self.index.nbytes + self.sketch.nbytes + self.pairs.nbytes
 
 
-class PythonDeltaScanner:
-    """``_core.DeltaScanner``'s Python counterpart: the tokenizer's step and the new
-    units' k-grams, leaving every classification to ``ResponseScan._scan_kgrams``; and
-    the classification itself (``classify``; ``classify_prompt`` for a prompt). The
-    engine runs it when it winnows;
-    ``tests/test_core_parity.py`` holds the compiled step to it. Takes the compiled
-    one's arguments."""
-
-    def __init__(
-        self,
-        hasher: Hasher,
-        sketch: CommonnessSketch,
-        index: FingerprintIndex,
-        baseline: _core.HotTable,
-        corpus: np.ndarray,
-        *_rest: object,
-        config: EngineConfig,
-        **_options: object,
-    ) -> None:
-        self.sketch, self.index, self.baseline, self.corpus = sketch, index, baseline, corpus
-        self.common_tenants = config.common_tenants
-        self.hasher = hasher
-
-    def ascii_unit_hashes(self, text: str) -> list[int]:
-        """``_core.DeltaScanner.ascii_unit_hashes``: the hasher's, unit by unit."""
-        return self.hasher.units(unit_texts(text))
-
-    def classify(
-        self, requests: dict[int, RequestRecord], tenant: str, fps: list[int]
-    ) -> tuple[list[bool], list[tuple[int, ...]], list[int]]:
-        """``Engine._classify`` (``_core.DeltaScanner.classify`` is the compiled one)."""
-        counts = self.sketch.counts(fps)
-        owners = self.index.lookup(fps)
-        common = [count >= self.common_tenants for count in counts]
-        private = [
-            not c and _core.distinct_holders(requests, values)
-            for c, values in zip(common, owners, strict=True)
-        ]
-        if baseline := self.baseline:
-            private = [p and fp not in baseline for p, fp in zip(private, fps, strict=True)]
-        if self.corpus.size:
-            public = _core.sorted_members(self.corpus, fps)
-            private = [p and not pub for p, pub in zip(private, public, strict=True)]
-
-        def owned_by_tenant(values: tuple[int, ...]) -> bool:
-            return any(
-                (record := requests.get(v >> 1)) is not None and record.tenant == tenant
-                for v in values
-            )
-
-        # Comprehensions, not one loop with appends: most fingerprints have no owner.
-        unowned = [
-            fp
-            for fp, c, values in zip(fps, common, owners, strict=True)
-            if not c and not (values and owned_by_tenant(values))
-        ]
-        return private, owners, unowned
-
-    def classify_prompt(
-        self, requests: dict[int, RequestRecord], tenant: str, fps: list[int], start: int, stop: int
-    ) -> tuple[list[int], list[int]]:
-        """``Engine._classify_prompt``, by ``classify``
-        (``_core.DeltaScanner.classify_prompt`` is the compiled one)."""
-        piece = fps[start:stop]
-        private, _, unowned = self.classify(requests, tenant, piece)
-        return [fp for fp, keep in zip(piece, private, strict=True) if keep], unowned
-
-    def scan(
-        self, response: ResponseScan, state: _ChoiceState, delta: str
-    ) -> tuple[int, list[int]] | None:
-        batch = state.tokenizer.feed(delta)
-        # A delta that only continues a word completes no unit: nothing to scan or learn.
-        return response.add_batch(state, batch) if batch.texts else None
-
-    def flush(self, response: ResponseScan, state: _ChoiceState) -> tuple[int, list[int]]:
-        """The end of the choice's stream: its held-back word's k-grams."""
-        return response.add_batch(state, state.tokenizer.flush())
-
-
 class ResponseScan(_core.ScanFields):
     """Scans one response, delta by delta, per choice. Also records the response's
     own output as a source for later responses (outputs leak as well as prompts)."""
@@ -787,7 +704,7 @@ class ResponseScan(_core.ScanFields):
         seq = self.engine.tick()
         scanner = self.engine.delta_scanner()
         for choice, state in self._choices.items():
-            found += self._scan_kgrams(state, choice, *scanner.flush(self, state), final=True)
+            found += scanner.scan_kgrams(self, state, choice, *scanner.flush(self, state), True)
             if state.entities is not None:
                 found += self._met_entities(state, choice, state.entities.finish())
                 raw = state.entities.raw_text
@@ -919,7 +836,7 @@ class ResponseScan(_core.ScanFields):
             return
         for tenant, (value, _) in list(owner.tenants.items()):
             later = tenant != self.tenant and self._ended_first(value)
-            if later and not self._same_question(value >> 1):
+            if later and not self.engine.delta_scanner().same_question(self, value >> 1):
                 del owner.tenants[tenant]
 
     def _ended_first(self, value: int) -> bool:
@@ -1039,53 +956,7 @@ class ResponseScan(_core.ScanFields):
         final: bool = False,
     ) -> list[Finding]:
         first, fps = self._add_units(state, hashes, numbers, starts, ends, weights)
-        return self._scan_kgrams(state, choice, first, fps, final=final)
-
-    def _scan_kgrams(
-        self, state: _ChoiceState, choice: int, first: int, fps: list[int], *, final: bool = False
-    ) -> list[Finding]:
-        """Classify and match the k-grams the newest units completed (the first at unit
-        ``first``), then learn from them: the fragment scan proper. Compiled
-        (``_core.DeltaScanner.scan_kgrams``) unless the engine winnows; this Python is
-        what the compiled one is held to."""
-        engine = self.engine
-        scanner = engine._delta_scanner or engine.delta_scanner()
-        if not isinstance(scanner, PythonDeltaScanner):
-            return scanner.scan_kgrams(self, state, choice, first, fps, final)
-        new = list(enumerate(fps, first))
-        winnower = state.winnower
-        selected = new if winnower.w <= 1 else [s for i, fp in new if (s := winnower.push(i, fp))]
-        if final and (tail := winnower.flush()):
-            selected.append(tail)
-        if not new:
-            self._learn_from([], {}, [fp for _, fp in selected])
-            if not final:
-                return []
-            state.complete = True  # candidates that waited for a next unit decide now
-            return self._fragment_findings(state, choice, set(state.runs))
-        fps = [fp for _, fp in new]
-        is_private, owners, unowned = engine._classify(self.tenant, fps)
-        private = {fp for fp, keep in zip(fps, is_private, strict=True) if keep}
-        state.private_kgrams += sum(is_private)
-        touched: set[int] = set()
-        for (index, fp), values, keep in zip(new, owners, is_private, strict=True):
-            if not values or not keep:
-                continue
-            foreign = self._foreign_values(values)
-            for value in foreign:
-                state.cover(value, index, engine.config.k, fp, self._specific_units(value))
-                touched.add(value)
-            if foreign:
-                # Another tenant's text in this output is not this tenant's text: it must
-                # not make a later leak of it to the same tenant look like its own.
-                private.discard(fp)
-        holders = {fp: values for fp, values in zip(fps, owners, strict=True) if values}
-        self._learn_from(unowned, holders, [fp for _, fp in selected if fp in private])
-        if final:
-            # Every unit has arrived: candidates that waited for their next unit decide.
-            state.complete = True
-            touched.update(state.runs)
-        return self._fragment_findings(state, choice, touched)
+        return self.engine.delta_scanner().scan_kgrams(self, state, choice, first, fps, final)
 
     def _use_held(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
         """This output met ``fps``, which other requests hold. The other tenants that
@@ -1097,34 +968,6 @@ class ResponseScan(_core.ScanFields):
         for tenant, used in by_tenant.items():
             self.engine._count_use(tenant, used, self._now)
         self._held_uses.update((fp, holders[fp]) for fp in fps)
-
-    def _learn_from(
-        self, unowned: list[int], holders: dict[int, tuple[int, ...]], to_index: list[int]
-    ) -> None:
-        """What the output teaches the engine: its private fingerprints (``to_index``), a
-        source for later and concurrent responses, right away; and its use of text
-        (``unowned``) in the commonness sketch. Text another request holds (``holders``)
-        may be turning common: counted now for the holders, and for this tenant at the
-        end (``_count_output``: not where it leaked to it). Text only this output holds
-        so far cannot be common yet: counted at the end of the response (``finish``),
-        in one batch. Counting every fingerprint on every feed
-        was about a third of the time per delta."""
-        count_now = [fp for fp in unowned if fp in holders] if holders else []
-        if count_now:
-            self._use_held(count_now, holders)
-            self._to_count.extend([fp for fp in unowned if fp not in holders])
-        else:
-            self._to_count.extend(unowned)
-        self.engine.index.add_many(to_index, self.output_value, self._now)
-
-    def _specific_units(self, value: int) -> np.ndarray | None:
-        """For a foreign output (index value with the output bit), the units that make
-        its text specific to its exchange; None for a foreign prompt (a user's words are
-        that user's own, whatever they are)."""
-        if not value & 1:
-            return None
-        record = self.engine._requests.get(value >> 1)
-        return record.prompt_units if record is not None else _NO_UNITS
 
     def _source_record(self, slot: int) -> RequestRecord | None:
         """The request at ``slot`` while it is in the window at this scan's clock, else
@@ -1154,68 +997,6 @@ class ResponseScan(_core.ScanFields):
         text still are: the copy's own prompt, a third tenant's request). The cost: a
         later leak of the words that output alone held, to the same tenant, is missed."""
         return record.carries is not None and self.tenant in record.carries
-
-    def _same_question(self, slot: int) -> bool:
-        """``Engine.similar_prompts`` of this request and ``slot``, once per slot: a
-        response meets the same source on many of its k-grams."""
-        same = self._similar.get(slot)
-        if same is None:
-            same = self._similar[slot] = self.engine.similar_prompts(self.slot, slot)
-        return same
-
-    def _foreign_values(self, values: tuple[int, ...]) -> list[int]:
-        """The index values (request slot and prompt/output bit) that make this k-gram
-        foreign: none when the victim's tenant or enough tenants use it, or when it is in
-        the answer to the same question."""
-        engine = self.engine
-        tenants: set[str] = set()
-        prompted: set[str] = set()  # tenants whose prompts hold it
-        written: set[str] = set()  # tenants whose outputs hold it
-        foreign: list[int] = []
-        for value in values:
-            record = self._source_record(value >> 1)
-            if record is None:
-                continue  # expired
-            if value & 1:
-                if self._same_question(value >> 1):
-                    return []  # the answer to the same question: explained, whoever has it
-                if self._carried(record):
-                    continue  # a copy of this tenant's answer: no evidence (others may be)
-                written.add(record.tenant)
-            else:
-                prompted.add(record.tenant)
-            tenants.add(record.tenant)
-            foreign.append(value)
-        if self.tenant in tenants or len(tenants) >= engine.config.common_tenants:
-            return []
-        if len(tenants) > 1 and not written <= prompted:
-            # A model wrote this text for one of them: where a prompt holds it too (a
-            # pasted transcript, a completions prompt's earlier turn), it is the model's
-            # text there as well, and must be specific to an exchange like any output's.
-            # An output that only repeats its own tenant's words ("every day and I
-            # cannot", echoed) says nothing about who wrote them.
-            return [value for value in foreign if value & 1]
-        return foreign
-
-    def _fragment_findings(
-        self, state: _ChoiceState, choice: int, touched: set[int]
-    ) -> list[Finding]:
-        if not touched:
-            return []
-        threshold = round(self.engine.config.min_run_words * 2)
-        found = []
-        for value in touched:
-            run = state.runs[value]
-            record = self.engine._requests.get(value >> 1)
-            if record is None or not self._enough(
-                state, run, threshold, bool(value & 1), record.turns_known
-            ):
-                continue
-            finding = self._fragment_finding(state, choice, run, record, bool(value & 1))
-            if finding is not None:
-                found.append(finding)
-        self.findings += found
-        return found
 
     def _fragment_finding(
         self,
@@ -1249,57 +1030,6 @@ class ResponseScan(_core.ScanFields):
             evidence,
             state.ends[-1],
         )
-
-    def _enough(
-        self,
-        state: _ChoiceState,
-        run: _core.Run,
-        threshold: int,
-        of_output: bool,
-        user_words: bool = False,
-    ) -> bool:
-        """Whether a foreign prompt's or output's coverage of this choice is evidence.
-
-        A contiguous run of ``min_run_words`` with a distinctive word; without one,
-        ``plain_run_factor`` (prompt), ``plain_user_factor`` (a prompt whose turns are
-        known: ``user_words``) or ``plain_output_factor`` (output, 0: never) times as
-        long; or, for pages cut into short pieces by common text and for whole
-        mis-routed answers, coverage of ``2 * min_run_words`` that fills at least
-        ``containment`` of the span it is scattered over, with two distinctive words (or
-        ``plain_cover_factor * min_run_words`` of coverage without them). A foreign
-        output's coverage must also hold a unit specific to its exchange
-        (``_Run.specific``), on every path.
-        """
-        config = self.engine.config
-        if of_output and not any(state.tied(i) for i in run.specific):
-            # A model writes the same phrasing, code scaffolding and even names for many
-            # tenants; what only one exchange's output holds is its numbers and the words
-            # of its own prompt it restates. Without one, a foreign output's text is
-            # explained as the model's habit, on any path below (a mis-route included:
-            # an answer with nothing of its exchange in it tells nobody anything).
-            return False
-        if of_output:
-            factor = config.plain_output_factor
-        else:
-            factor = config.plain_user_factor if user_words else config.plain_run_factor
-        if factor and run.best >= threshold * factor:
-            return True
-        if run.best >= threshold and state.distinctive(run.best_start, run.best_end + 1):
-            return True
-        span = state.cumulative[run.end + 1] - state.cumulative[run.first]
-        if run.covered < 2 * threshold:
-            return False
-        if config.exclusive and run.kgrams >= config.exclusive * state.private_kgrams:
-            # Nearly all of this answer's uncommon text is one other request's: a
-            # mis-routed answer, however plain its words.
-            return True
-        if run.covered < config.containment * span:
-            return False
-        return len(run.distinct_units) >= 2 or (
-            config.plain_cover_factor > 0 and run.covered >= threshold * config.plain_cover_factor
-        )
-
-    # -- entities and canaries -------------------------------------------------------
 
     def _entity_findings(self, choice: int, matches: list[tuple[int, int, str]]) -> list[Finding]:
         """Findings for entities met in this output, ``(start, end, entity id)``."""
@@ -1403,7 +1133,7 @@ class ResponseScan(_core.ScanFields):
             if record is None:
                 continue
             if value & 1:
-                if self._same_question(slot):
+                if self.engine.delta_scanner().same_question(self, slot):
                     if is_canary:
                         continue
                     return []
@@ -1420,13 +1150,12 @@ class _ChoiceState(_core.ChoiceColumns):
     read and write in place; so are ``cover``, ``distinct``, ``specific``, ``tied`` and
     ``distinctive`` (``reference`` holds their Python)."""
 
-    __slots__ = ("winnower", "matches", "extracted", "texts", "chars", "finished")
+    __slots__ = ("matches", "extracted", "texts", "chars", "finished")
 
     def __init__(self, engine: Engine, own_units: _core.HotTable | None = None) -> None:
         super().__init__(
             StreamTokenizer(), EntityScanner(engine.entities) if engine.config.entities else None
         )
-        self.winnower = StreamWinnower(engine.config.winnow_window)
         self.plain = engine.vocabulary.plain
         self.public_numbers = engine.public_numbers
         self.exchange_555 = engine.exchange_555

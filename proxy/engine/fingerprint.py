@@ -1,19 +1,16 @@
-"""Keyed fingerprints of unit k-grams, and winnowing.
+"""Keyed fingerprints of unit k-grams.
 
 Every unit is hashed with BLAKE2b under a secret key (64 bits); a k-gram's fingerprint
 combines the hashes of its k units in order. Keyed, so stored fingerprints cannot be
 brute-forced back into words by someone without the key, and stable across processes
 (Python's ``hash()`` is salted per process and would not be).
 
-Winnowing (Schleimer, Wilkerson, Aiken 2003) keeps the minimum fingerprint of every
-window of ``w`` consecutive k-grams: any shared run of ``w + k - 1`` units keeps at least
-one shared fingerprint. ``w = 1`` keeps every k-gram.
+Every k-gram is kept (no winnowing): any shared run of ``k`` units shares a fingerprint.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import cast
 
@@ -85,70 +82,3 @@ class Hasher:
         """Fingerprints of every k-gram of a sequence of unit hashes, in order: ``kgram``
         of each window, each rolled from the one before (compiled)."""
         return _core.kgrams(hashes if isinstance(hashes, list) else list(hashes), self.k)
-
-
-def winnow(fingerprints: Sequence[int], w: int) -> list[tuple[int, int]]:
-    """Winnowed ``(index, fingerprint)`` pairs: the rightmost minimum of each window.
-
-    A text shorter than one window keeps its minimum, so short texts still count.
-    """
-    n = len(fingerprints)
-    if w <= 1 or n <= 1:
-        return list(enumerate(fingerprints))
-    selected: list[tuple[int, int]] = []
-    window: deque[int] = deque()  # indices with increasing fingerprints
-    last = -1
-    for i, fp in enumerate(fingerprints):
-        while window and fingerprints[window[-1]] >= fp:
-            window.pop()
-        window.append(i)
-        if window[0] <= i - w:
-            window.popleft()
-        if i >= w - 1 or i == n - 1:
-            m = window[0]
-            if m != last:
-                selected.append((m, fingerprints[m]))
-                last = m
-    return selected
-
-
-def winnowed(fingerprints: list[int], w: int) -> list[int]:
-    """The fingerprints ``winnow`` selects, without their indices; with a window of one
-    (every k-gram kept) ``fingerprints`` itself, no pairs made and taken apart."""
-    if w <= 1:
-        return fingerprints
-    return [fp for _, fp in winnow(fingerprints, w)]
-
-
-class StreamWinnower:
-    """Winnowing over a stream of fingerprints; same selection as ``winnow``
-    for the windows it has seen (a short stream's minimum comes out in ``flush``)."""
-
-    __slots__ = ("w", "_window", "_seen", "_last")
-
-    def __init__(self, w: int) -> None:
-        self.w = w
-        self._window: deque[tuple[int, int]] = deque()
-        self._seen = 0
-        self._last = -1
-
-    def push(self, index: int, fp: int) -> tuple[int, int] | None:
-        if self.w <= 1:
-            return (index, fp)
-        window = self._window
-        while window and window[-1][1] >= fp:
-            window.pop()
-        window.append((index, fp))
-        self._seen += 1
-        if window[0][0] <= index - self.w:
-            window.popleft()
-        if self._seen >= self.w and window[0][0] != self._last:
-            self._last = window[0][0]
-            return window[0]
-        return None
-
-    def flush(self) -> tuple[int, int] | None:
-        if self.w > 1 and 0 < self._seen < self.w and self._window:
-            self._last = self._window[0][0]
-            return self._window[0]
-        return None

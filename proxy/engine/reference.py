@@ -11,7 +11,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from proxy.engine._core import Run
 from proxy.engine.degenerate import _RARE, DegenerateConfig, rare_scripts, special_tokens
 from proxy.engine.entities import _ASTRAL, EntityScanner, fold
 from proxy.engine.fingerprint import _MASK, _PRIME, _mix64
@@ -176,69 +175,6 @@ def entity_feed(self: EntityScanner, delta: str) -> list[tuple[int, int, str]]:
     if not candidates and not self._undecided:
         return []  # most deltas: nothing to confirm
     return self._confirm(candidates, final=False)
-
-
-# --- a choice's coverage by foreign requests: ``_core.ChoiceColumns``'s methods ----------
-# (``self`` is a ``detector._ChoiceState``; the parity tests put these on its class.)
-
-
-def distinct(self, i: int) -> bool:
-    """``ChoiceColumns.distinct``."""
-    unit = self.hashes[i]
-    return unit not in self.own_units and (self.numbers[i] or unit not in self.plain)
-
-
-def specific(self, i: int, prompt_units: np.ndarray) -> bool:
-    """``ChoiceColumns.specific``."""
-    unit = self.hashes[i]
-    if unit in self.own_units:
-        return False
-    if self.numbers[i]:
-        return unit not in self.public_numbers
-    return bool(np.isin(unit, prompt_units).item()) if len(prompt_units) else False
-
-
-def tied(self, i: int) -> bool:
-    """``ChoiceColumns.tied``."""
-    if not self.numbers[i]:
-        return True
-    if i + 1 >= len(self.hashes) and not self.complete:
-        return False
-    return self.exchange_555 not in self.hashes[max(0, i - 1) : i + 2]
-
-
-def distinctive(self, start: int, stop: int) -> bool:
-    """``ChoiceColumns.distinctive``."""
-    return any(self.distinct(i) for i in range(start, stop))
-
-
-def cover(
-    self, source: int, index: int, k: int, fp: int, specific_to: np.ndarray | None = None
-) -> None:
-    """``ChoiceColumns.cover``."""
-    run = self.runs.get(source)
-    if run is None:
-        run = self.runs[source] = Run()
-    last = index + k - 1
-    cum = self.cumulative
-    starts_run = run.start < 0 or index > run.end + 1
-    first_new = index if starts_run else max(run.end + 1, index)
-    if starts_run:
-        run.start = index
-    if run.first < 0:
-        run.first = index
-    run.covered += cum[last + 1] - cum[first_new]
-    run.end = max(run.end, last)
-    if len(run.distinct_units) < 2:
-        run.distinct_units.update(i for i in range(first_new, last + 1) if self.distinct(i))
-    if specific_to is not None and len(run.specific) < 8:
-        run.specific.update(i for i in range(first_new, last + 1) if self.specific(i, specific_to))
-    weight = cum[run.end + 1] - cum[run.start]
-    if weight > run.best:
-        run.best, run.best_start, run.best_end = weight, run.start, run.end
-    run.kgrams += 1
-    if len(run.fingerprints) < 64:
-        run.fingerprints.append(fp)
 
 
 # -- degenerate output -----------------------------------------------------------------
