@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard proxy/*/*.pyx)
+$(STAMP): pyproject.toml setup.py $(wildcard proxy/*/*.pyx) $(wildcard proxy/*/*.pxd)
 	@test -x $(PY) || "$$(./scripts/find-python.sh)" -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'

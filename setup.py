@@ -1,5 +1,7 @@
 """Builds crosstalk's compiled parts, every ``proxy/<folder>/<name>.pyx`` (Cython; today
-``engine/_core``, the engine's core; ``protocols/_wire``, the per-event steps of a stream;
+the engine's core in ``engine/`` (``_text``, ``_tables``, ``_vocabulary``, ``_records``,
+``_entities``, ``_degenerate``, ``_scan``, which ``cimport`` each other's ``.pxd``);
+``protocols/_wire``, the per-event steps of a stream;
 ``pipeline/_monitor``, an exchange monitor's per-event path) with the machine's C
 compiler; everything else about the package is in ``pyproject.toml``. A new ``.pyx``
 there is built, ignored by git, a dependency of the Makefile's install, checked in the

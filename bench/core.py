@@ -1,9 +1,9 @@
 """The compiled core against the Python it replaced, side by side in one process: the
 same texts (the quality workload's prompts and answers, ASCII ones, as the engine sees
-them in 1-3 word deltas and whole) through ``_core.ascii_units`` and
-``reference.ascii_units``, and their unit hashes through ``_core.kgrams`` and
+them in 1-3 word deltas and whole) through ``_text.ascii_units`` and
+``reference.ascii_units``, and their unit hashes through ``_text.kgrams`` and
 ``reference.kgrams``; the same deltas through the degenerate-output test
-(``_core.DegenerateFeed`` and ``reference.DegenerateDetector``). Alternating rounds,
+(``_degenerate.DegenerateFeed`` and ``reference.DegenerateDetector``). Alternating rounds,
 best of ``--rounds``; MB/s of text, and the ratio. Exits 1 when the outputs differ, or
 when a compiled function is not at least ``MIN_SPEEDUP`` times faster than its
 reference on whole texts, hashes and the degenerate test's deltas. The units of 1-3
@@ -12,7 +12,7 @@ engine's per-delta step is one compiled call that tokenises inside).
 
 Second table, the index's per-delta queries: an index of ``--fingerprints`` (8 frozen
 generations and a hot one, as a full window holds) and a commonness sketch, asked for
-the 1-6 k-grams a delta completes, through ``_core.FrozenGenerations`` / ``sketch_counts``
+the 1-6 k-grams a delta completes, through ``_tables.FrozenGenerations`` / ``sketch_counts``
 and their references (the Python and numpy the index ran before: the scalar path that
 served batches of up to 8). Microseconds a call; judged like the first table.
 
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from test_core_parity import HASHER, workload_texts  # noqa: E402
 
-from proxy.engine import _core, reference  # noqa: E402
+from proxy.engine import _tables, _text, reference  # noqa: E402
 from proxy.engine.degenerate import DegenerateDetector  # noqa: E402
 from proxy.engine.index import _ANY_BITS, CommonnessSketch, FingerprintIndex  # noqa: E402
 
@@ -85,9 +85,9 @@ def index_calls(fingerprints: int):
         return lambda: [f(flat, seeds, mask, width, b) for b in batches]
 
     return [
-        ("index lookup (frozen generations)", lookups(_core.FrozenGenerations),
+        ("index lookup (frozen generations)", lookups(_tables.FrozenGenerations),
          lookups(reference.FrozenGenerations)),
-        ("commonness sketch counts", counts(_core.sketch_counts), counts(reference.sketch_counts)),
+        ("commonness sketch counts", counts(_tables.sketch_counts), counts(reference.sketch_counts)),
     ]  # fmt: skip
 
 
@@ -109,17 +109,17 @@ def main() -> int:
     texts = [t for t in workload_texts(args.requests) if t.isascii()]
     deltas = [d for t in texts for d in deltas_of(t)]
     per_text = [deltas_of(t) for t in texts]
-    hashes = [HASHER.units(_core.ascii_units(t)[0]) for t in texts]
+    hashes = [HASHER.units(_text.ascii_units(t)[0]) for t in texts]
     mb_whole = sum(len(t) for t in texts) / 1e6
     mb_deltas = sum(len(d) for d in deltas) / 1e6
     rows, failed = [], []
     cases = [  # name, MB, run(f), compiled, reference, judged
         ("units, whole texts", mb_whole,
-         lambda f: [f(t, 0) for t in texts], _core.ascii_units, reference.ascii_units, True),
+         lambda f: [f(t, 0) for t in texts], _text.ascii_units, reference.ascii_units, True),
         ("units, 2-word deltas", mb_deltas,
-         lambda f: [f(d, 0) for d in deltas], _core.ascii_units, reference.ascii_units, False),
+         lambda f: [f(d, 0) for d in deltas], _text.ascii_units, reference.ascii_units, False),
         ("k-gram fingerprints (k=4)", mb_whole,
-         lambda f: [f(h, 4) for h in hashes], _core.kgrams, reference.kgrams, True),
+         lambda f: [f(h, 4) for h in hashes], _text.kgrams, reference.kgrams, True),
         ("degenerate-output step, 2-word deltas", mb_deltas,
          lambda f: [degenerate_run(f(), d) for d in per_text], DegenerateDetector,
          reference.DegenerateDetector, True),

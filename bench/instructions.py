@@ -3,8 +3,8 @@
 responses fed whole (one ``feed`` each, the bench's "whole response" row). Under ``valgrind
 --tool=callgrind`` with ``PYTHONHASHSEED=0`` a run is repeatable, whatever else the
 machine does; the streamed responses' instructions are a run's total less the fill-only
-run's, and callgrind's inclusive cost of ``_core.ScanFields.feed`` is the per-delta call's
-(``_core.feed_delta`` until ``ResponseScan.feed`` became that compiled method).
+run's, and callgrind's inclusive cost of ``_scan.ScanFields.feed`` is the per-delta call's
+(before the split of the core, ``_core.ScanFields.feed``).
 
     PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/instructions.py 120
     PYTHONHASHSEED=0 valgrind --tool=callgrind python bench/instructions.py 0

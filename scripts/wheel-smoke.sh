@@ -51,8 +51,8 @@ from proxy.defaults import load_baseline, load_vocabulary
 from proxy.factory import build_engine
 
 assert "site-packages" in proxy.__file__, proxy.__file__
-from proxy.engine import _core
-assert _core.__file__.endswith((".so", ".pyd")), _core.__file__  # compiled, not source
+from proxy.engine import _scan
+assert _scan.__file__.endswith((".so", ".pyd")), _scan.__file__  # compiled, not source
 assert len(load_vocabulary()) > 10_000 and load_baseline(), "shipped data not loaded"
 engine = build_engine(load(None, detection__key="ab" * 32))
 secret = "the merger of Holloway Dynamics with Brightwater closes on the fourth of March"

@@ -1,4 +1,4 @@
-"""Building the compiled core (proxy/engine/_core.pyx): without a C compiler, the ordinary
+"""Building the compiled core (proxy/engine/_*.pyx): without a C compiler, the ordinary
 ``pip`` build stops with a message that names what to install, not a compiler's
 traceback (setup.py's BuildCore)."""
 
@@ -40,7 +40,7 @@ def test_without_a_c_compiler_the_install_says_what_to_install(tmp_path):
 
 def test_a_core_cython_cannot_translate_is_not_called_a_missing_compiler(tmp_path):
     shutil.copytree(ROOT, tmp_path / "src", ignore=NOT_SOURCES)
-    with (tmp_path / "src" / "proxy" / "engine" / "_core.pyx").open("a") as f:
+    with (tmp_path / "src" / "proxy" / "engine" / "_scan.pyx").open("a") as f:
         f.write("\ncdef int broken(:\n")
     done, output = build_wheel(tmp_path)
     assert done.returncode != 0, output

@@ -22,7 +22,16 @@ from conftest import bench_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.engine import Engine, EngineConfig, _core, reference
+from proxy.engine import (
+    Engine,
+    EngineConfig,
+    _degenerate,
+    _scan,
+    _tables,
+    _text,
+    _vocabulary,
+    reference,
+)
 from proxy.engine.degenerate import (
     DegenerateConfig,
     DegenerateDetector,
@@ -58,7 +67,7 @@ def test_units_and_fingerprints_of_the_quality_workload_are_the_reference_ones()
     texts = [t for t in workload_texts() if t.isascii()]
     assert len(texts) > 3000  # most of the workload is ASCII; the rest takes the Python path
     for text in texts:
-        compiled = _core.ascii_units(text, 7)
+        compiled = _text.ascii_units(text, 7)
         assert compiled == reference.ascii_units(text, 7)
         hashes = HASHER.units(compiled[0])
         assert HASHER.kgrams_of_hashes(hashes) == reference.kgrams(hashes, 4)
@@ -70,7 +79,7 @@ ASCII = st.text(st.characters(min_codepoint=0, max_codepoint=127), max_size=300)
 @settings(max_examples=300, deadline=None)
 @given(ASCII, st.integers(0, 10_000))
 def test_random_ascii_units(text, offset):
-    assert _core.ascii_units(text, offset) == reference.ascii_units(text, offset)
+    assert _text.ascii_units(text, offset) == reference.ascii_units(text, offset)
 
 
 @settings(max_examples=200, deadline=None)
@@ -131,7 +140,7 @@ def test_the_delta_step_s_units_do_not_depend_on_delta_cuts(text, cuts):
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 2**64 - 1), max_size=60), st.integers(1, 8))
 def test_random_kgrams(hashes, k):
-    assert _core.kgrams(hashes, k) == reference.kgrams(hashes, k)
+    assert _text.kgrams(hashes, k) == reference.kgrams(hashes, k)
 
 
 @settings(max_examples=200, deadline=None)
@@ -145,7 +154,7 @@ def test_random_kgrams(hashes, k):
 def test_a_column_reads_as_the_list_of_its_values(values, more, start, stop, step):
     """A choice's columns are ``Column``s the compiled step appends to in place: Python
     reads them as lists (index, slice, iterate, extend, pop) and numpy as uint64."""
-    column, plain = _core.Column(values), list(values)
+    column, plain = _tables.Column(values), list(values)
     assert len(column) == len(plain) and list(column) == plain == column.tolist()
     assert column[start:stop:step] == plain[start:stop:step]
     assert column[start:] == plain[start:] and column[:stop] == plain[:stop]
@@ -156,7 +165,7 @@ def test_a_column_reads_as_the_list_of_its_values(values, more, start, stop, ste
             with pytest.raises(IndexError):
                 column[i]
     column.extend(more)
-    column.extend(_core.Column(more))
+    column.extend(_tables.Column(more))
     plain += more + more
     assert np.array(column, dtype=np.uint64).tolist() == plain
     if plain:
@@ -167,7 +176,7 @@ def test_a_column_reads_as_the_list_of_its_values(values, more, start, stop, ste
 
 
 def test_a_column_does_not_move_under_an_exported_buffer():
-    column = _core.Column(range(3))
+    column = _tables.Column(range(3))
     view = memoryview(column)
     with pytest.raises(BufferError):
         column.extend(range(100))  # a reallocation would leave the view dangling
@@ -182,7 +191,7 @@ def test_a_column_does_not_move_under_an_exported_buffer():
 def test_non_ascii_input_is_refused_not_misread():
     for text in ("café", "日本語", "a\u00a0b"):
         try:
-            _core.ascii_units(text)
+            _text.ascii_units(text)
         except ValueError:
             continue
         raise AssertionError(f"{text!r} was read as ASCII")
@@ -196,7 +205,7 @@ def test_fingerprints_are_the_ones_recorded_before_the_core_was_compiled():
     assert HASHER.kgrams_of_hashes(hashes)[:3] == [
         14078481721677907212, 92955536337796016, 16910133952089528738
     ]  # fmt: skip
-    assert _core.kgrams([1, 2, 3, 4], 4) == [13435097810718854061]
+    assert _text.kgrams([1, 2, 3, 4], 4) == [13435097810718854061]
 
 
 def engine_findings() -> list[tuple]:
@@ -234,10 +243,10 @@ def test_the_engine_finds_the_recorded_leaks_on_either_primitives(monkeypatch):
     compiled = engine_findings()
     assert len(compiled) > 20  # the workload's leaks are found at all
     assert_golden("engine_findings", compiled)
-    monkeypatch.setattr(_core, "ascii_units", reference.ascii_units)
-    monkeypatch.setattr(_core, "kgrams", reference.kgrams)
-    monkeypatch.setattr(_core, "sketch_counts", reference.sketch_counts)
-    monkeypatch.setattr(_core, "pair_first_seen", reference.pair_first_seen)
+    monkeypatch.setattr(_text, "ascii_units", reference.ascii_units)
+    monkeypatch.setattr(_text, "kgrams", reference.kgrams)
+    monkeypatch.setattr(_tables, "sketch_counts", reference.sketch_counts)
+    monkeypatch.setattr(_tables, "pair_first_seen", reference.pair_first_seen)
     # The delta step's own tokenizer, k-grams and index reads are compiled whatever the
     # module holds; the tests below hold each to its reference.
     assert differing(engine_findings(), compiled) == []
@@ -377,7 +386,7 @@ def test_the_step_s_one_key_lookup_is_the_index_s(seed, size):
     keys += rng.choices(keys, k=size // 5)  # used again later: other generations
     index = filled_index(rng, keys)
     engine = build_engine(Config())
-    scanner = _core.DeltaScanner(
+    scanner = _scan.DeltaScanner(
         engine.hasher, engine.sketch, index, engine.baseline, engine.baseline_sorted,
         unit_batch, None, 2, requests={}, config=engine.config, no_units=np.zeros(0, np.uint64),
     )  # fmt: skip
@@ -396,7 +405,7 @@ def test_a_generation_s_directory_is_numpy_s_searchsorted(keys, bits):
     empty buckets, no keys."""
     array = np.sort(np.array(keys, dtype=np.uint64))
     starts = np.empty((1 << bits) + 1, np.uint32)
-    _core.bucket_starts(array, 64 - bits, starts)
+    _tables.bucket_starts(array, 64 - bits, starts)
     firsts = np.arange(1 << bits, dtype=np.uint64) << np.uint64(64 - bits)
     assert starts[:-1].tolist() == np.searchsorted(array, firsts).tolist()
     assert starts[-1] == len(array)
@@ -410,8 +419,8 @@ def test_sorted_membership_is_numpy_s(keys, others):
     array = np.unique(np.array(keys, dtype=np.uint64))
     queries = keys[:10] + others
     expected = np.isin(np.array(queries, dtype=np.uint64), array).tolist()
-    assert _core.sorted_members(array, queries) == expected
-    assert [_core.sorted_contains(array, q) for q in queries] == expected
+    assert _tables.sorted_members(array, queries) == expected
+    assert [_tables.sorted_contains(array, q) for q in queries] == expected
 
 
 @settings(max_examples=200, deadline=None)
@@ -424,10 +433,10 @@ def test_bucket_marks_are_numpy_s(keys, bits):
     buckets = (array >> np.uint64(shift)).astype(np.int64)
     np.bitwise_or.at(expected, buckets >> 3, (1 << (buckets & 7)).astype(np.uint8))
     marked = bytearray(len(expected))
-    _core.mark_buckets(marked, array, shift)
+    _tables.mark_buckets(marked, array, shift)
     assert bytes(marked) == expected.tobytes()
     with pytest.raises(ValueError, match="too short"):
-        _core.mark_buckets(bytearray(len(expected) // 2), array, shift)
+        _tables.mark_buckets(bytearray(len(expected) // 2), array, shift)
 
 
 KEYS = st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 3000), st.sampled_from([0, 2**64 - 1]))
@@ -444,7 +453,7 @@ def test_add_fresh_adds_new_keys_in_its_room_and_leaves_the_rest_once(held, fps,
     """``FingerprintIndex.add_many``'s first step: the new keys while there is room;
     left for its loop, once each and in order, the keys held with another value and the
     new ones past the room."""
-    table = _core.HotTable(held)
+    table = _tables.HotTable(held)
     before = dict(table)
     added, rest = table.add_fresh(fps, value, room)
     distinct = list(dict.fromkeys(fps))
@@ -464,7 +473,7 @@ def test_the_hot_table_is_a_dict_of_its_keys(pairs, fresh, value):
     """The index's hot generation against the dict it replaced: keys 0 and 2**64 - 1,
     dense small keys, tables grown several times, values replaced, the fresh keys of a
     batch added once, its columns, a pickle round trip and a clear."""
-    table, expected = _core.HotTable(), {}
+    table, expected = _tables.HotTable(), {}
     for key, v in pairs:
         table[key] = v
         expected[key] = v
@@ -479,7 +488,7 @@ def test_the_hot_table_is_a_dict_of_its_keys(pairs, fresh, value):
     more = {k: (expected[k], 7) for k in list(expected)[::3]}  # keys with several values
     looked_up = table.values_into(queries, more, [()] * len(queries))
     assert looked_up == [more.get(k) or ((expected[k],) if k in expected else ()) for k in queries]
-    arrayed = _core.HotTable()  # a prompt's units, from a read-only array
+    arrayed = _tables.HotTable()  # a prompt's units, from a read-only array
     assert arrayed.add_keys(
         np.frombuffer(np.array(fresh, np.uint64).tobytes(), np.uint64), value
     ) == len(set(fresh))
@@ -515,11 +524,11 @@ def test_merged_generations_are_a_stable_sort_of_both(a, b):
     order = np.argsort(keys, kind="stable")
     values = np.concatenate([columns[0][1], columns[1][1]])
     merged_keys, merged_values = np.empty_like(keys), np.empty_like(values)
-    _core.merge_sorted(*columns[0], *columns[1], merged_keys, merged_values)
+    _tables.merge_sorted(*columns[0], *columns[1], merged_keys, merged_values)
     assert merged_keys.tolist() == keys[order].tolist()
     assert merged_values.tolist() == values[order].tolist()
     with pytest.raises(ValueError, match="align"):
-        _core.merge_sorted(
+        _tables.merge_sorted(
             *columns[0], *columns[1], np.zeros(len(keys) + 1, np.uint64), merged_values
         )
 
@@ -542,7 +551,7 @@ def test_sorted_pairs_are_numpy_s_argsort(keys, rnd):
     v = np.array([rnd.randrange(2**32) for _ in keys], np.uint32)
     order = np.argsort(k)
     expected_keys, expected_values = k[order].tolist(), v[order].tolist()
-    _core.sort_pairs(k, v)
+    _tables.sort_pairs(k, v)
     assert k.tolist() == expected_keys
     assert v.tolist() == expected_values
 
@@ -555,10 +564,10 @@ def test_sorting_pairs_of_a_whole_freeze():
     expected = k.copy()
     expected.sort()
     original = k.copy()
-    _core.sort_pairs(k, v)
+    _tables.sort_pairs(k, v)
     assert (k == expected).all() and (original[v] == k).all()
     with pytest.raises(ValueError, match="length"):
-        _core.sort_pairs(k, v[:-1])
+        _tables.sort_pairs(k, v[:-1])
 
 
 @settings(max_examples=200, deadline=None)
@@ -568,8 +577,8 @@ def test_the_signatures_intersection_is_numpy_s(a, b):
     b |= set(list(a)[: len(a) // 2])
     left, right = (np.array(sorted(s), dtype=np.uint64) for s in (a, b))
     expected = len(np.intersect1d(left, right, assume_unique=True))
-    assert _core.sorted_intersection_size(left, right) == expected
-    assert _core.sorted_intersection_size(right, left) == expected
+    assert _tables.sorted_intersection_size(left, right) == expected
+    assert _tables.sorted_intersection_size(right, left) == expected
 
 
 @settings(max_examples=60, deadline=None)
@@ -602,7 +611,7 @@ def test_sketch_increment_is_the_reference_one(seed, size, together):
     for _ in range(4):
         fps = [rng.getrandbits(64) for _ in range(size)]
         fps += rng.sample(fps, size // 3)
-        _core.sketch_increment(
+        _tables.sketch_increment(
             sketch._flat, tuple(sketch._seed_ints), sketch._mask_int, sketch._width, fps, together
         )
         reference.sketch_increment(
@@ -640,13 +649,13 @@ def test_pair_filter_is_the_reference_one(seed, size, bits):
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 2**32), st.integers(50, 3000), st.sampled_from([2, 5, 40]))
 def test_word_users_count_tenants_as_sets_of_numbers_do(seed, words, needed):
-    """``_core.WordUsers`` against a dict of sets: the same words turn plain, the same
+    """``_vocabulary.WordUsers`` against a dict of sets: the same words turn plain, the same
     users stay, through table growth, removals (backward shifts), bitsets grown past
     one 64-bit word, ``pop``, the ``max_entries`` clear and a pickle round trip."""
 
     rng = random.Random(seed)
     units = [rng.getrandbits(64) for _ in range(words)] + list(range(40))  # small ones too
-    table, plain, named = _core.WordUsers(300), _core.HotTable(), {}
+    table, plain, named = _vocabulary.WordUsers(300), _tables.HotTable(), {}
     model: dict[int, set[int]] = {}
     model_plain: set[int] = set()
     max_entries, widest = words // 2 + 20, 0
@@ -654,7 +663,7 @@ def test_word_users_count_tenants_as_sets_of_numbers_do(seed, words, needed):
         number = rng.choice([0, 1, 2, 63, 64, 65, 130, 299, rng.randrange(300)])
         batch = rng.sample(units, rng.randint(1, min(200, len(units))))
         batch += batch[:3]  # a word twice in one call
-        given = _core.Column(batch) if step % 2 else batch  # an output's column, or a list
+        given = _tables.Column(batch) if step % 2 else batch  # an output's column, or a list
         assert table.learn(given, number, needed, plain, named, max_entries) == []
         for unit in batch:
             if unit in model_plain:
@@ -686,7 +695,7 @@ def test_word_users_count_tenants_as_sets_of_numbers_do(seed, words, needed):
 
 
 def test_word_users_leaves_words_kept_by_name_to_the_caller():
-    table, plain, named = _core.WordUsers(8), _core.HotTable([(5, 1)]), {7: {"x"}}
+    table, plain, named = _vocabulary.WordUsers(8), _tables.HotTable([(5, 1)]), {7: {"x"}}
     assert table.learn([5, 7, 9, 7], 1, 2.0, plain, named, 100) == [7, 7]
     assert table.items() == [(9, [1])]
     with pytest.raises(ValueError, match="bitset"):
@@ -712,7 +721,7 @@ def test_short_words_cache_gives_the_hashers_unit_hashes(words, bits):
     words = [*words, "aaaaaaaa", "aaaaaaaaa", "a" * 15, "a" * 16, "a" * 17, "A" * 16, "aB", "Ab"]
     text = " ".join(words + words[::-1]) + " ."
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(_core, "DeltaScanner", partial(_core.DeltaScanner, short_word_bits=bits))
+        patch.setattr(_scan, "DeltaScanner", partial(_scan.DeltaScanner, short_word_bits=bits))
         for i in range(0, len(text), 7):
             scan.feed(text[i : i + 7])
     hashes = scan._choices[0].hashes.tolist()
@@ -728,23 +737,23 @@ def test_compiled_lookups_refuse_columns_that_do_not_fit():
     any_bits = bytearray(1 << 21)
     directory = (np.array([0, 3, 3], np.uint32), 63)  # every key in the lower bucket
     with pytest.raises(ValueError, match="align"):
-        _core.FrozenGenerations([(keys, values, b"\xff" * 8192, 48, *directory)], any_bits, 40)
+        _tables.FrozenGenerations([(keys, values, b"\xff" * 8192, 48, *directory)], any_bits, 40)
     aligned = np.append(values, 9).astype(np.uint32)
     with pytest.raises(ValueError, match="too short"):
-        _core.FrozenGenerations([(keys, aligned, b"\xff", 48, *directory)], any_bits, 40)
+        _tables.FrozenGenerations([(keys, aligned, b"\xff", 48, *directory)], any_bits, 40)
     with pytest.raises(ValueError, match="too short"):
         columns = (keys, aligned, b"\xff" * 8192, 48, *directory)
-        _core.FrozenGenerations([columns], bytearray(8), 40)
+        _tables.FrozenGenerations([columns], bytearray(8), 40)
     with pytest.raises(ValueError, match="directory"):  # its last entry is not the size
         columns = (keys, aligned, b"\xff" * 8192, 48, np.zeros(3, np.uint32), 63)
-        _core.FrozenGenerations([columns], any_bits, 40)
-    frozen = _core.FrozenGenerations(
+        _tables.FrozenGenerations([columns], any_bits, 40)
+    frozen = _tables.FrozenGenerations(
         [(keys, aligned, b"\xff" * 8192, 48, *directory)], any_bits, 40
     )
     with pytest.raises(ValueError, match="differ in length"):
         frozen.values_into([1, 2], [()])
     with pytest.raises(ValueError, match="do not fit"):
-        _core.sketch_counts(memoryview(bytearray(8)).cast("H"), (1, 2, 3, 4), 1023, 1024, [5])
+        _tables.sketch_counts(memoryview(bytearray(8)).cast("H"), (1, 2, 3, 4), 1023, 1024, [5])
 
 
 ENTITY_TEXTS = [
@@ -935,12 +944,12 @@ def test_random_text_s_unit_hashes_are_the_hasher_s(text):
 
 def test_the_compiled_degenerate_step_refuses_misuse_instead_of_crashing():
     with pytest.raises(TypeError):
-        _core.DegenerateFeed(DegenerateConfig(), None, rare_scripts, special_tokens)
+        _degenerate.DegenerateFeed(DegenerateConfig(), None, rare_scripts, special_tokens)
     detector = DegenerateDetector()
     with pytest.raises(ValueError, match="max_period"):
         detector.__init__(DegenerateConfig(max_period=0))
     assert [detector.feed("again ") for _ in range(40)].count("repetition") == 1
-    bare = _core.DegenerateFeed.__new__(_core.DegenerateFeed)
+    bare = _degenerate.DegenerateFeed.__new__(_degenerate.DegenerateFeed)
     with pytest.raises(RuntimeError, match="__init__"):
         bare.feed("text")
     with pytest.raises(TypeError):

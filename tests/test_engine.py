@@ -19,7 +19,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from proxy.engine import CANARY, ENTITY, FRAGMENT, Engine, EngineConfig, Finding, _core, entities
+from proxy.engine import (
+    CANARY,
+    ENTITY,
+    FRAGMENT,
+    Engine,
+    EngineConfig,
+    Finding,
+    _entities,
+    _tables,
+    entities,
+)
 from proxy.engine.detector import beyond, sorted_unique, uint64_array
 from proxy.engine.entities import extract_entities, iban_ok, luhn_ok
 from proxy.engine.fingerprint import Hasher
@@ -177,16 +187,16 @@ def test_sorted_unique_into_refuses_a_short_array_and_ints_out_of_range():
     """Bad input is an error before anything is written past the array it was given."""
     out = np.zeros(2, dtype=np.uint64)
     with pytest.raises(ValueError, match="shorter"):
-        _core.sorted_unique_into([3, 1, 2], out)
+        _tables.sorted_unique_into([3, 1, 2], out)
     with pytest.raises(OverflowError):
-        _core.sorted_unique_into([-1], out)
+        _tables.sorted_unique_into([-1], out)
     with pytest.raises(OverflowError):
-        _core.sorted_unique_into([2**64], out)
+        _tables.sorted_unique_into([2**64], out)
     with pytest.raises(ValueError, match="shorter"):
-        _core.ints_into([1, 2, 3], out)
+        _tables.ints_into([1, 2, 3], out)
     with pytest.raises(OverflowError):
-        _core.ints_into([-1], out)
-    assert _core.sorted_unique_into([5, 5], out) == 1 and out[0] == 5
+        _tables.ints_into([-1], out)
+    assert _tables.sorted_unique_into([5, 5], out) == 1 and out[0] == 5
 
 
 def test_fragment_of_a_prompt_in_b_output_is_reported():
@@ -957,8 +967,8 @@ def test_index_and_sketch_store_no_text():
         # bytes, bytearray: bitmaps of hash buckets; FrozenGenerations: pointers into the
         # generations' own arrays (and never pickled); HotTable: 64-bit keys, 32-bit
         # values (pickled as ints, which the blob check above reads)
-        kinds = int | float | np.ndarray | bytes | bytearray | _core.FrozenGenerations
-        kinds |= _core.HotTable
+        kinds = int | float | np.ndarray | bytes | bytearray | _tables.FrozenGenerations
+        kinds |= _tables.HotTable
         assert isinstance(leaf, kinds), type(leaf)
         if isinstance(leaf, np.ndarray):
             assert leaf.dtype.kind in "ui", leaf.dtype
@@ -1320,7 +1330,7 @@ def test_the_entity_tables_tuples_are_out_of_the_collector_s_sight():
     entity: made untracked, so that young collections do not walk them one by one."""
     import gc
 
-    from proxy.engine._core import untracked
+    from proxy.engine._tables import untracked
     from proxy.engine.entities import EntityIndex
 
     index = EntityIndex(rebuild_interval=0.0)
@@ -1420,9 +1430,9 @@ def test_entity_prefilters_never_skip_a_match_in_any_text(text):
 def test_entity_needs_reads_text_of_every_width_alike(text):
     """``entity_needs`` reads a text's characters as stored, one, two or four bytes
     each: a wide character after a space changes none of its bits."""
-    expected = _core.entity_needs(text + " ")
+    expected = _entities.entity_needs(text + " ")
     for wide in ("\u00e9", "\u0101", "\U0001f600"):
-        assert _core.entity_needs(text + " " + wide) == expected
+        assert _entities.entity_needs(text + " " + wide) == expected
 
 
 def test_kgrams_rolling_and_one_by_one_agree():

@@ -13,7 +13,7 @@ import pytest
 
 from proxy.assurance.audit import Fetched, identify_from
 from proxy.config import ConfigError, load_text
-from proxy.engine import _core
+from proxy.engine import _text
 from proxy.forensics.replayer import decoded_body
 from proxy.pipeline.exchange import OverBudget
 from proxy.protocols.decoding import UnsupportedEncoding
@@ -75,8 +75,8 @@ def test_error_text_names_crosstalks_own_line_when_a_library_raised():
 
 def test_error_text_counts_the_compiled_modules_as_crosstalks_own():
     with pytest.raises(TypeError) as refused:
-        _core.kgrams("Okonkwo", 4)  # a str where a sequence of hashes belongs
-    assert error_text(refused.value).startswith("TypeError at engine/_core.pyx:")
+        _text.kgrams("Okonkwo", 4)  # a str where a sequence of hashes belongs
+    assert error_text(refused.value).startswith("TypeError at engine/_tables.pyx:")
     assert "(from" not in error_text(refused.value)
 
 

@@ -22,7 +22,7 @@ included) and trips at most once, with a reason:
   were not UTF-8: a detokenizer fed token ids from another sequence).
 
 A unit is a CJK character or a run of other non-space characters. The step is compiled
-(``_core.DegenerateFeed``): units are looked at once, in C, and only units with rare
+(``_degenerate.DegenerateFeed``): units are looked at once, in C, and only units with rare
 characters or a special token's first character call back into Python.
 
 :class:`RateWindow` counts exchanges and degenerate ones per key (the upstream) over a
@@ -40,7 +40,7 @@ import unicodedata
 from collections import deque
 from dataclasses import dataclass
 
-from proxy.engine import _core
+from proxy.engine import _degenerate
 
 __all__ = ["REASONS", "DegenerateConfig", "DegenerateDetector", "ExchangeWatch", "RateWindow"]
 
@@ -104,7 +104,7 @@ def _rare_class() -> re.Pattern[str]:
 
 
 _RARE = _rare_class()
-_COMMON = _core.CodepointRanges(_COMMON_RANGES)
+_COMMON = _degenerate.CodepointRanges(_COMMON_RANGES)
 _SPECIAL = re.compile(r"<\|[A-Za-z0-9_]{2,32}\|>|<unk>|<pad>|ĠĠ")
 
 
@@ -124,11 +124,11 @@ def special_tokens(unit: str) -> int:
     return len(_SPECIAL.findall(unit))
 
 
-class DegenerateDetector(_core.DegenerateFeed):
+class DegenerateDetector(_degenerate.DegenerateFeed):
     """One output stream's degenerate-output test; :meth:`feed` deltas, then :meth:`finish`.
 
     Both return the reason the first time the test trips, else None; ``reason`` keeps it,
-    ``units`` counts the units judged. The step is compiled (``_core.DegenerateFeed``);
+    ``units`` counts the units judged. The step is compiled (``_degenerate.DegenerateFeed``);
     ``reference.DegenerateDetector`` is the Python it is held to.
     """
 
@@ -194,11 +194,11 @@ class RateWindow:
             slots.popleft()
 
 
-class ExchangeWatch(_core.WatchFields):
+class ExchangeWatch(_degenerate.WatchFields):
     """The degenerate tests of one exchange, one detector per choice: ``on_trip(reason,
     choice)`` is called once, for the first choice that trips (live proxy and replay).
     ``feed(choice, text)`` and the fields ``detectors``, ``reason``, ``on_trip`` are the
-    compiled ``_core.WatchFields``'."""
+    compiled ``_degenerate.WatchFields``'."""
 
     __slots__ = ()
 

@@ -32,8 +32,8 @@ from itertools import accumulate, islice
 
 import numpy as np
 
-from proxy.engine import _core
-from proxy.engine._core import EntityOwner, RequestRecord
+from proxy.engine import _records, _scan, _tables, _vocabulary
+from proxy.engine._records import EntityOwner, RequestRecord
 from proxy.engine.baseline import Baseline
 from proxy.engine.entities import (
     PROPER_NAME,
@@ -152,7 +152,7 @@ class Finding:
     detected_at: int = 0  # characters of that choice's output scanned when it was made
 
 
-class Engine(_core.EngineClock):
+class Engine(_scan.EngineClock):
     """Multi-tenant leak detector. Single-threaded: call it from one thread/loop."""
 
     def __init__(
@@ -185,7 +185,7 @@ class Engine(_core.EngineClock):
         )
         #: Baseline texts' k-grams (``add_baseline``), in C: the delta step asks it for
         #: every private k-gram without an int object.
-        self.baseline = _core.HotTable()
+        self.baseline = _tables.HotTable()
         #: Baseline files' fingerprints (``add_baseline_file``), sorted: a large corpus
         #: costs 8 bytes a fingerprint here, not a Python set's ~60.
         self.baseline_sorted = np.zeros(0, dtype=np.uint64)
@@ -202,12 +202,12 @@ class Engine(_core.EngineClock):
         #: Ids of the capitalised pairs models wrote in the window, with when: a name a
         #: model writes is no prompt's case identifier (``entities.iter_model_names``).
         self.model_names: dict[str, float] = {}
-        self._delta_scanner: _core.DeltaScanner | None = None
+        self._delta_scanner: _scan.DeltaScanner | None = None
         self._requests: dict[int, RequestRecord] = {}  # untracked by the GC
         self._order: deque[int] = deque()  # slots by time, for expiry
         self._next_slot = 1
         self._last_sweep = 0.0
-        #: ``sequence`` (a field of ``_core.EngineClock``, ``tick``) orders prompts and
+        #: ``sequence`` (a field of ``_scan.EngineClock``, ``tick``) orders prompts and
         #: feeds across concurrent scans (see ``records``). Starts at the clock in
         #: microseconds, so that a restarted process keeps numbering after the last one
         #: (a journal spans restarts).
@@ -258,11 +258,11 @@ class Engine(_core.EngineClock):
             return self.hasher.units(other_unit_texts(text))
         return (self._delta_scanner or self.delta_scanner()).ascii_unit_hashes(ascii_text)
 
-    def delta_scanner(self) -> _core.DeltaScanner:
+    def delta_scanner(self) -> _scan.DeltaScanner:
         """The compiled per-delta step over this engine's tables (built on first use,
         and again after the baseline corpus changes)."""
         if self._delta_scanner is None:
-            self._delta_scanner = _core.DeltaScanner(
+            self._delta_scanner = _scan.DeltaScanner(
                 self.hasher,
                 self.sketch,
                 self.index,
@@ -510,7 +510,7 @@ class Engine(_core.EngineClock):
         """Per fingerprint: whether it is still private (not baseline, not common) and
         its current owners in the index; and the fingerprints whose use by ``tenant``
         the commonness sketch must count (common text no longer needs counting; nor
-        does text this tenant already owns in the index): ``_core.DeltaScanner.classify``."""
+        does text this tenant already owns in the index): ``_scan.DeltaScanner.classify``."""
         if not fps:
             return [], [], []
         scanner = self._delta_scanner or self.delta_scanner()
@@ -584,8 +584,8 @@ class Engine(_core.EngineClock):
     def similar_prompts(self, a: int, b: int) -> bool:
         """Whether requests ``a`` and ``b`` asked (nearly) the same thing (the same
         prompt, or signatures that share ``same_prompt_similarity``;
-        ``_core.similar_prompts``, which the compiled scan calls too)."""
-        return _core.similar_prompts(self._requests, a, b, self.config.same_prompt_similarity)
+        ``_records.similar_prompts``, which the compiled scan calls too)."""
+        return _records.similar_prompts(self._requests, a, b, self.config.same_prompt_similarity)
 
     # -- learned commonness, kept across restarts --------------------------------------
 
@@ -634,12 +634,12 @@ class Engine(_core.EngineClock):
         return self.index.nbytes + self.sketch.nbytes + self.pairs.nbytes
 
 
-class ResponseScan(_core.ScanFields):
+class ResponseScan(_scan.ScanFields):
     """Scans one response, delta by delta, per choice. Also records the response's
     own output as a source for later responses (outputs leak as well as prompts)."""
 
     # ``feed(delta, choice=0, now=None)``, the step every delta takes, is
-    # ``_core.ScanFields.feed``: it returns the findings the delta completed.
+    # ``_scan.ScanFields.feed``: it returns the findings the delta completed.
 
     def __init__(self, engine: Engine, prompt: PromptRecord, slot: int):
         #: The request's prompt as the engine learned it (keyed; no text).
@@ -649,7 +649,7 @@ class ResponseScan(_core.ScanFields):
         #: Unit hashes of this request's own prompt (``unit in own_units``, a compiled
         #: table): a name or number the victim wrote itself explains its answer, so it
         #: does not make a foreign match distinctive.
-        self.own_units = _core.HotTable()
+        self.own_units = _tables.HotTable()
         self.own_units.add_keys(np.ascontiguousarray(prompt.units, dtype=np.uint64), 1)
         #: Names in the prompt's earlier assistant turns: the conversation's own, which
         #: this answer may repeat whoever else holds them.
@@ -659,7 +659,7 @@ class ResponseScan(_core.ScanFields):
         self.own_name_units: frozenset[int] = frozenset()
         # engine, _choices (choice -> _ChoiceState), slot, _now, _to_count (output
         # fingerprints to count in the sketch at the end) and _similar (slot -> asked
-        # the same as this one): fields of _core.ScanFields, which every delta's step
+        # the same as this one): fields of _scan.ScanFields, which every delta's step
         # reads.
         super().__init__(engine, slot, prompt.time)
         self.findings: list[Finding] = []
@@ -759,7 +759,7 @@ class ResponseScan(_core.ScanFields):
         would turn common and its third leak pass (bench/human_leaks.py seed 7)."""
         engine = self.engine
         engine._count_use(self.tenant, self._to_count, self._now)
-        self._to_count = _core.Column()
+        self._to_count = _tables.Column()
         held, self._held_uses = self._held_uses, {}
         if not held:
             return
@@ -768,7 +768,7 @@ class ResponseScan(_core.ScanFields):
         leaked = {f.source_tenant for f in self.findings if f.kind == FRAGMENT}
         used = list(held)
         if leaked:
-            by_tenant = _core.holders_by_tenant(engine._requests, self.tenant, used, held)
+            by_tenant = _records.holders_by_tenant(engine._requests, self.tenant, used, held)
             theirs = {fp for tenant in leaked for fp in by_tenant.get(tenant, ())}
             used = [fp for fp in used if fp not in theirs]
         engine._count_use(self.tenant, used, self._now)
@@ -964,7 +964,7 @@ class ResponseScan(_core.ScanFields):
         only at its end, and text several outputs are writing at once must not wait for
         that to turn common; the pair filter counts each tenant once). This output's own
         use waits for its end (``_count_output``), when its leaks are known."""
-        by_tenant = _core.holders_by_tenant(self.engine._requests, self.tenant, fps, holders)
+        by_tenant = _records.holders_by_tenant(self.engine._requests, self.tenant, fps, holders)
         for tenant, used in by_tenant.items():
             self.engine._count_use(tenant, used, self._now)
         self._held_uses.update((fp, holders[fp]) for fp in fps)
@@ -1002,7 +1002,7 @@ class ResponseScan(_core.ScanFields):
         self,
         state: _ChoiceState,
         choice: int,
-        run: _core.Run,
+        run: _scan.Run,
         record: RequestRecord,
         of_output: bool,
     ) -> Finding | None:
@@ -1143,23 +1143,23 @@ class ResponseScan(_core.ScanFields):
         return sources
 
 
-class _ChoiceState(_core.ChoiceColumns):
+class _ChoiceState(_scan.ChoiceColumns):
     """Per-choice streaming state: tokenizer, shingler, unit offsets, coverage runs. The
     columns every delta appends to, the coverage by foreign requests (``runs``) and
-    what judging it reads are ``_core.ChoiceColumns``'s fields, which the compiled steps
+    what judging it reads are ``_scan.ChoiceColumns``'s fields, which the compiled steps
     read and write in place; so are ``cover``, ``distinct``, ``specific``, ``tied`` and
     ``distinctive`` (``reference`` holds their Python)."""
 
     __slots__ = ("matches", "extracted", "texts", "chars", "finished")
 
-    def __init__(self, engine: Engine, own_units: _core.HotTable | None = None) -> None:
+    def __init__(self, engine: Engine, own_units: _tables.HotTable | None = None) -> None:
         super().__init__(
             StreamTokenizer(), EntityScanner(engine.entities) if engine.config.entities else None
         )
         self.plain = engine.vocabulary.plain
         self.public_numbers = engine.public_numbers
         self.exchange_555 = engine.exchange_555
-        self.own_units = _core.HotTable() if own_units is None else own_units
+        self.own_units = _tables.HotTable() if own_units is None else own_units
         # For the keyed record: entity matches with the feed they came in, entities
         # extracted at the end (and their folded texts).
         self.matches: list[tuple[int, int, str, int]] = []
@@ -1194,15 +1194,15 @@ class _ChoiceState(_core.ChoiceColumns):
 def beyond(units: list[int], of: list[int]) -> list[int]:
     """The units that ``units`` holds more often than ``of`` does (``Counter(units) -
     Counter(of)``'s keys, some repeated), in order: each of ``of``'s uses takes away the
-    first one left of ``units``'. Compiled (``_core.units_beyond``): a Counter of ``of``
+    first one left of ``units``'. Compiled (``_tables.units_beyond``): a Counter of ``of``
     and a dict probe a unit took ~50 us for a conversation of the replay capture."""
-    return _core.units_beyond(units, of)
+    return _tables.units_beyond(units, of)
 
 
 def uint64_array(values: list[int]) -> np.ndarray:
     """``numpy.array(values, dtype=numpy.uint64)``, filled in compiled code."""
     out = np.empty(len(values), dtype=np.uint64)
-    _core.ints_into(values, out)
+    _tables.ints_into(values, out)
     return out
 
 
@@ -1211,7 +1211,7 @@ def sorted_unique(values: list[int]) -> np.ndarray:
     numpy 2's ``unique`` hashes first, which took ~55 us for a prompt's few hundred
     k-grams, and a sort and a mask in numpy still cost more in calls than in sorting."""
     out = np.empty(len(values), dtype=np.uint64)
-    return out[: _core.sorted_unique_into(values, out)]
+    return out[: _tables.sorted_unique_into(values, out)]
 
 
 def is_specific_number(unit: str) -> bool:
@@ -1252,12 +1252,12 @@ class Vocabulary:
         # A word's users while all are among the first ``bitset_tenants`` tenants: their
         # numbers, in compiled code (1,000 tenants in ~150 bytes, where a set of their
         # names took 1.6 KB); after that, the set of their names.
-        self._numbered = _core.WordUsers(bitset_tenants)
+        self._numbered = _vocabulary.WordUsers(bitset_tenants)
         self._named: dict[int, set[str]] = {}
         # The plain words, in C (a key each; the value is unused): the vocabulary's loop
         # and every output's step ask it without an int object a word, and 20,000 words
         # take 0.4 MB, where a set of Python ints took 2 MB.
-        self._plain = _core.HotTable()
+        self._plain = _tables.HotTable()
         self._tenants: dict[str, int] = {}  # name -> number, in order of first use
         self._names: list[str] = []  # number -> name
         self.max_entries = max_entries
@@ -1273,7 +1273,7 @@ class Vocabulary:
             self._names.append(tenant)
         needed = max(self._common_tenants, self._share * len(tenants))
         number = tenants.get(tenant)
-        if not isinstance(units, list | _core.Column):
+        if not isinstance(units, list | _tables.Column):
             units = list(units)
         if number is not None and number < self._numbered.bitset_tenants:
             units = self._numbered.learn(
@@ -1306,7 +1306,7 @@ class Vocabulary:
                 del named[unit]
 
     @property
-    def plain(self) -> _core.HotTable:
+    def plain(self) -> _tables.HotTable:
         """The plain words: ``unit in plain``, ``len``, iteration over their hashes."""
         return self._plain
 

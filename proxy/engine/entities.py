@@ -23,14 +23,9 @@ from dataclasses import dataclass
 
 import ahocorasick
 
-from proxy.engine._core import (
-    ENTITY_NEEDS,
-    EntityFeed,
-    EntityIndexFields,
-    EntityOwner,
-    entity_needs,
-    untracked,
-)
+from proxy.engine._entities import ENTITY_NEEDS, EntityFeed, EntityIndexFields, entity_needs
+from proxy.engine._records import EntityOwner
+from proxy.engine._tables import untracked
 from proxy.engine.checksums import luhn_ok
 
 MIN_ENTITY_CHARS = 6
@@ -229,7 +224,7 @@ _PATTERNS: list[
 
 
 # What a text must contain for a kind's pattern to match at all, found in one compiled
-# pass (``_core.entity_needs``: exact, each condition is implied by its pattern). Most
+# pass (``_entities.entity_needs``: exact, each condition is implied by its pattern). Most
 # texts hold no entity of most kinds: their patterns, whose leading \b or look-behind
 # makes them try every position, never run (the phone pattern took 36-44 us a kilobyte
 # of text that holds no phone number).
@@ -402,7 +397,7 @@ class EntityIndex(EntityIndexFields):
 
     def __init__(self, *, recent_max: int = 4096, rebuild_interval: float = 0.2) -> None:
         # generation, pending (id, text) not in an automaton yet, longest, _last_rebuild,
-        # rebuild_interval: fields of _core.EntityIndexFields, which every delta's entity
+        # rebuild_interval: fields of _entities.EntityIndexFields, which every delta's entity
         # step reads.
         super().__init__(MIN_ENTITY_CHARS, rebuild_interval)
         self.table: dict[str, EntityOwner] = {}
@@ -515,7 +510,7 @@ class EntityScanner(EntityFeed):
     rebuild, their ends in the prefilter already) are searched in that window directly.
     A match must stand on word boundaries (so ``12345678`` does not match inside
     ``9123456789``); a match that ends exactly at the end of the text so far is confirmed
-    by the next delta or by ``finish``. ``feed`` is compiled (``_core.EntityFeed``; ``reference.entity_feed`` is
+    by the next delta or by ``finish``. ``feed`` is compiled (``_entities.EntityFeed``; ``reference.entity_feed`` is
     the Python it replaced).
     """
 

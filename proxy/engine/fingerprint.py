@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from proxy.engine import _core
+from proxy.engine import _text
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x9E3779B97F4A7C15  # odd 64-bit multiplier: position-sensitive combining
@@ -81,4 +81,4 @@ class Hasher:
     def kgrams_of_hashes(self, hashes: Sequence[int]) -> list[int]:
         """Fingerprints of every k-gram of a sequence of unit hashes, in order: ``kgram``
         of each window, each rolled from the one before (compiled)."""
-        return _core.kgrams(hashes if isinstance(hashes, list) else list(hashes), self.k)
+        return _text.kgrams(hashes if isinstance(hashes, list) else list(hashes), self.k)

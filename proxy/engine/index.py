@@ -20,7 +20,7 @@ from typing import cast
 
 import numpy as np
 
-from proxy.engine import _core
+from proxy.engine import _scan, _tables
 
 _EMPTY: tuple[int, ...] = ()
 _SCALAR_BATCH = 8  # up to this many fingerprints, the sketch counts each use (see increment)
@@ -34,12 +34,12 @@ class _Generation:
     newest: float  # time of the newest fingerprint in it
     bitmap: bytes = b""  # one bit per top-bits bucket: "maybe here" (about 2 bits a key)
     shift: int = 64
-    # Where each top-bits bucket's keys start (_core.bucket_starts; 4 to 8 keys a bucket,
+    # Where each top-bits bucket's keys start (_tables.bucket_starts; 4 to 8 keys a bucket,
     # half a byte to a byte a key): a lookup reads an entry and a few keys, not the ~17
     # of a binary search, each a cache miss.
     starts: np.ndarray | None = None
     columns: tuple = ()  # (keys, values, bitmap, shift, starts, starts' shift): what
-    # _core.FrozenGenerations reads
+    # _tables.FrozenGenerations reads
 
     def __post_init__(self) -> None:
         bits = max(16, (len(self.keys) * 16 - 1).bit_length())  # ~16 buckets a key
@@ -47,17 +47,17 @@ class _Generation:
         self.keys = np.ascontiguousarray(self.keys, dtype=np.uint64)
         self.values = np.ascontiguousarray(self.values, dtype=np.uint32)
         bitmap = bytearray((1 << bits) // 8)
-        _core.mark_buckets(bitmap, self.keys, self.shift)
+        _tables.mark_buckets(bitmap, self.keys, self.shift)
         self.bitmap = bytes(bitmap)
         bucket_bits = max(1, (len(self.keys) // 8).bit_length())
         self.starts = np.empty((1 << bucket_bits) + 1, np.uint32)
-        _core.bucket_starts(self.keys, 64 - bucket_bits, self.starts)
+        _tables.bucket_starts(self.keys, 64 - bucket_bits, self.starts)
         self.columns = (
             self.keys, self.values, self.bitmap, self.shift, self.starts, 64 - bucket_bits
         )  # fmt: skip
 
 
-class FingerprintIndex(_core.IndexFields):
+class FingerprintIndex(_scan.IndexFields):
     """Fingerprint -> values, bounded by time and by count.
 
     Values are small ints chosen by the caller (< 2**32). A fingerprint keeps at most
@@ -74,13 +74,13 @@ class FingerprintIndex(_core.IndexFields):
         max_values_per_key: int = 8,
     ) -> None:
         # _hot, _hot_more, _hot_count, _hot_newest, freeze_size, _frozen: fields of
-        # _core.IndexFields, which every delta's step reads and writes.
+        # _scan.IndexFields, which every delta's step reads and writes.
         super().__init__(freeze_size)
         self.max_generations = max_generations
         self.max_fingerprints = max_fingerprints
         self.max_values_per_key = max_values_per_key
         # The hot generation (_hot): a key's first value, in a compiled table of 64-bit
-        # keys (_core.HotTable), and, for the keys with several, all of them (_hot_more):
+        # keys (_tables.HotTable), and, for the keys with several, all of them (_hot_more):
         # untracked tuples of ints, so the garbage collector tracks neither (a full
         # collection walked a dict of 100,000 entries, and young ones the tuples).
         self._generations: list[_Generation] = []  # oldest first
@@ -128,7 +128,7 @@ class FingerprintIndex(_core.IndexFields):
             elif (values := more.get(fp)) is None:
                 if current == value:
                     continue
-                more[fp] = _core.untracked((current, value))
+                more[fp] = _tables.untracked((current, value))
             else:
                 if value in values:
                     continue
@@ -137,7 +137,7 @@ class FingerprintIndex(_core.IndexFields):
                     values = values[1:]  # the oldest goes
                     self._hot_count -= 1
                 # Ints only, untracked: the dict of them stays untracked as well.
-                more[fp] = _core.untracked(values)
+                more[fp] = _tables.untracked(values)
             self._hot_count += 1
             self._hot_newest = now
             if self._hot_count >= self.freeze_size:
@@ -155,17 +155,17 @@ class FingerprintIndex(_core.IndexFields):
         fps = fingerprints if isinstance(fingerprints, list) else list(fingerprints)
         return frozen.values_into(fps, result)
 
-    def frozen(self) -> _core.FrozenGenerations | None:
+    def frozen(self) -> _tables.FrozenGenerations | None:
         """The frozen generations, read in place (None while there are none); built
         again after they change. Compiled: reference.frozen_values is the Python it
         replaced."""
         if self._frozen is None and self._generations:
             columns = [g.columns for g in self._generations]
-            self._frozen = _core.FrozenGenerations(columns, self._any, 64 - _ANY_BITS)
+            self._frozen = _tables.FrozenGenerations(columns, self._any, 64 - _ANY_BITS)
         return self._frozen
 
     def __getstate__(self) -> dict:
-        fields = {name: getattr(self, name) for name in _core.IndexFields.FIELDS}
+        fields = {name: getattr(self, name) for name in _scan.IndexFields.FIELDS}
         return {**self.__dict__, **fields, "_frozen": None}
 
     def __setstate__(self, state: dict) -> None:
@@ -196,7 +196,7 @@ class FingerprintIndex(_core.IndexFields):
             hot[fp] = vs[0]
         keys, values = np.empty(len(hot), np.uint64), np.empty(len(hot), np.uint32)
         hot.columns(keys, values)
-        _core.sort_pairs(keys, values)
+        _tables.sort_pairs(keys, values)
         if lists:
             extra_keys = np.array([fp for fp, vs in lists.items() for _ in vs[1:]], np.uint64)
             at = keys.searchsorted(extra_keys, side="right")
@@ -211,7 +211,7 @@ class FingerprintIndex(_core.IndexFields):
 
     def _mark_any(self, keys: np.ndarray) -> None:
         self._frozen = None  # the generations changed
-        _core.mark_buckets(self._any, keys, 64 - _ANY_BITS)
+        _tables.mark_buckets(self._any, keys, 64 - _ANY_BITS)
 
     def _rebuild_any(self) -> None:
         self._frozen = None  # the generations changed
@@ -235,7 +235,7 @@ class FingerprintIndex(_core.IndexFields):
             a, b = self._generations[i], self._generations[i + 1]
             keys = np.empty(len(a.keys) + len(b.keys), np.uint64)
             values = np.empty(len(keys), np.uint32)
-            _core.merge_sorted(a.keys, a.values, b.keys, b.values, keys, values)
+            _tables.merge_sorted(a.keys, a.values, b.keys, b.values, keys, values)
             merged = _Generation(keys, values, max(a.newest, b.newest))
             self._generations[i : i + 2] = [merged]
             self._frozen = None
@@ -292,7 +292,7 @@ class CommonnessSketch:
     def counts(self, fingerprints: Sequence[int]) -> list[int]:
         """Estimated distinct-tenant count of each fingerprint (compiled:
         ``reference.sketch_counts`` is the Python it replaced)."""
-        return _core.sketch_counts(
+        return _tables.sketch_counts(
             self._flat,
             tuple(self._seed_ints),
             self._mask_int,
@@ -308,7 +308,7 @@ class CommonnessSketch:
         self._decay(now)
         if len(fingerprints) == 0:
             return
-        _core.sketch_increment(
+        _tables.sketch_increment(
             self._flat,
             tuple(self._seed_ints),
             self._mask_int,
@@ -351,14 +351,16 @@ class PairFilter:
         """Record the pair; True if it was not already there."""
         return bool(self.first_seen(tenant_key, [fingerprint], now))
 
-    def first_seen(self, tenant_key: int, fingerprints: Sequence[int], now: float) -> _core.Column:
+    def first_seen(
+        self, tenant_key: int, fingerprints: Sequence[int], now: float
+    ) -> _tables.Column:
         """Record every (tenant, fingerprint) pair; return the distinct fingerprints whose
-        pair was not there yet, in order, as a ``_core.Column`` (compiled:
+        pair was not there yet, in order, as a ``_tables.Column`` (compiled:
         ``reference.pair_first_seen`` is the Python it replaced). ``fingerprints``: a
         sequence of ints; a Column (an output's k-grams) is read in place."""
         self._rotate(now)
         current, previous = self.generations
-        return _core.pair_first_seen(
+        return _tables.pair_first_seen(
             current,
             previous,
             tenant_key,

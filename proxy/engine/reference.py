@@ -1,4 +1,5 @@
-"""The Python implementations that the compiled core (``proxy.engine._core``) replaced,
+"""The Python implementations that the compiled core (``proxy.engine._text``, ``_tables``, ``_entities``, ``_degenerate``)
+replaced,
 kept as the reference it is held to (``tests/test_core_parity.py``): never on the
 detection path. Each returns exactly what the compiled function it names returns.
 """
@@ -19,7 +20,7 @@ _ASCII_UNIT_RE = re.compile(r"[^\W_]+", re.ASCII)
 
 
 def ascii_units(text: str, offset: int = 0) -> tuple[list[str], list[int], list[int]]:
-    """``_core.ascii_units``: the units of an ASCII text, by the regex the tokenizer used."""
+    """``_text.ascii_units``: the units of an ASCII text, by the regex the tokenizer used."""
     matches = list(_ASCII_UNIT_RE.finditer(text.lower()))
     return (
         [m.group() for m in matches],
@@ -29,7 +30,7 @@ def ascii_units(text: str, offset: int = 0) -> tuple[list[str], list[int], list[
 
 
 def kgrams(hashes: Sequence[int], k: int) -> list[int]:
-    """``_core.kgrams``: ``Hasher.kgram`` of every window, one by one (the definition)."""
+    """``_text.kgrams``: ``Hasher.kgram`` of every window, one by one (the definition)."""
     out = []
     for i in range(len(hashes) - k + 1):
         h = 0
@@ -42,7 +43,7 @@ def kgrams(hashes: Sequence[int], k: int) -> list[int]:
 def sketch_counts(
     flat: Sequence[int], seeds: tuple[int, ...], mask: int, width: int, fingerprints: list[int]
 ) -> list[int]:
-    """``_core.sketch_counts``: the smallest of each fingerprint's cells, one per row."""
+    """``_tables.sketch_counts``: the smallest of each fingerprint's cells, one per row."""
     return [
         min(flat[r * width + (((fp ^ seed) * 0xFF51AFD7ED558CCD >> 29) & mask)]
             for r, seed in enumerate(seeds))
@@ -53,7 +54,7 @@ def sketch_counts(
 def sketch_increment(
     counts: np.ndarray, seeds: tuple[int, ...], mask: int, fingerprints: list[int], together: bool
 ) -> None:
-    """``_core.sketch_increment`` on the sketch's 2-d counters: the scalar loop (one use
+    """``_tables.sketch_increment`` on the sketch's 2-d counters: the scalar loop (one use
     after another) or the numpy update (cells read before written) it replaced."""
     cells = [
         [(((fp ^ seed) * 0xFF51AFD7ED558CCD) >> 29) & mask for seed in seeds] for fp in fingerprints
@@ -72,7 +73,7 @@ def sketch_increment(
 def pair_first_seen(
     current: bytearray, previous: bytearray, tenant_key: int, fingerprints: list[int], shift: int
 ) -> list[int]:
-    """``_core.pair_first_seen``: the unrolled Python loop the pair filter ran."""
+    """``_tables.pair_first_seen``: the unrolled Python loop the pair filter ran."""
     step, mult, new = 0xC2B2AE3D27D4EB4F, 0x9E3779B97F4A7C15, []
     for fp in fingerprints:
         pair = tenant_key ^ fp
@@ -98,7 +99,7 @@ def frozen_values(
     fingerprints: list[int],
     result: list[tuple[int, ...]],
 ) -> list[tuple[int, ...]]:
-    """``_core.frozen_values``: each generation's values for each fingerprint appended
+    """``_tables.FrozenGenerations.values_after``'s reading: each generation's values for each fingerprint appended
     to ``result``, oldest generation first (bitmaps, then a binary search)."""
     for i, fp in enumerate(fingerprints):
         bucket = fp >> any_shift
@@ -118,7 +119,7 @@ def frozen_values(
 
 
 class FrozenGenerations:
-    """``_core.FrozenGenerations``: ``frozen_values`` over the generations it was made of."""
+    """``_tables.FrozenGenerations``: ``frozen_values`` over the generations it was made of."""
 
     def __init__(self, generations: list, any_bits: bytes | bytearray, any_shift: int) -> None:
         self.generations, self.any_bits, self.any_shift = generations, any_bits, any_shift
@@ -130,7 +131,7 @@ class FrozenGenerations:
 
 
 def entity_feed(self: EntityScanner, delta: str) -> list[tuple[int, int, str]]:
-    """``_core.EntityFeed.feed``: the Python ``EntityScanner.feed`` ran, on ``self``'s state."""
+    """``_entities.EntityFeed.feed``: the Python ``EntityScanner.feed`` ran, on ``self``'s state."""
     self._raw.append(delta)
     delta = fold(delta)
     if not delta.isascii():
@@ -188,7 +189,7 @@ _BPE_SPACE = "▁"  # SentencePiece's word marker, alone
 
 
 class DegenerateDetector:
-    """``degenerate.DegenerateDetector`` (``_core.DegenerateFeed``): the same reasons at
+    """``degenerate.DegenerateDetector`` (``_degenerate.DegenerateFeed``): the same reasons at
     the same units, by regular expressions over each delta's text."""
 
     __slots__ = (

@@ -17,7 +17,7 @@ import re
 import unicodedata
 from dataclasses import dataclass
 
-from proxy.engine import _core
+from proxy.engine import _scan, _text
 
 # Scripts written without spaces between words: each character is a unit.
 _NO_SPACE_RANGES = (
@@ -117,7 +117,7 @@ def unit_batch(text: str, offset: int = 0) -> UnitBatch:
     if text.isascii():
         # Compiled: ASCII lowercasing keeps offsets and no unit is a single-character
         # script, so the units are the runs of [A-Za-z0-9], one pass in C.
-        texts, starts, ends = _core.ascii_units(text, offset)
+        texts, starts, ends = _text.ascii_units(text, offset)
         return UnitBatch(texts, starts, ends, [WORD_WEIGHT] * len(texts))
     matches = list(_UNIT_RE.finditer(text))
     texts = [normalise(m.group()) for m in matches]
@@ -127,13 +127,13 @@ def unit_batch(text: str, offset: int = 0) -> UnitBatch:
     return UnitBatch(texts, starts, ends, weights)
 
 
-class StreamTokenizer(_core.TokenizerState):
+class StreamTokenizer(_scan.TokenizerState):
     """Turns a stream of deltas into units, whatever the delta boundaries.
 
     ``feed`` returns the units completed by a delta; a trailing word that may continue
     in the next delta is held back. ``flush`` returns it at the end of the stream.
     Offsets count characters of the concatenated deltas. The state is in
-    ``_core.TokenizerState``, whose fields the compiled delta step updates in place.
+    ``_scan.TokenizerState``, whose fields the compiled delta step updates in place.
     """
 
     __slots__ = ()

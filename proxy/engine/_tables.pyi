@@ -1,0 +1,5 @@
+"""Types of the compiled module _tables.pyx, for mypy: untyped (``__getattr__``)."""
+
+from typing import Any
+
+def __getattr__(name: str) -> Any: ...
