@@ -203,7 +203,7 @@ def test_the_log_quotes_neither_an_undecodable_body_nor_a_query(proxy, sim):
     errors = [e for e in mine if e["event"] == "detector.error"]
     reason = errors[0]["reason"] if errors else ""
     assert reason.startswith("body not decodable (content-encoding 'utf-16'): ValueError at ")
-    assert reason.endswith(")") and "(from mitm/addon.py:" in reason, reason
+    assert reason.endswith(")") and "(from mitm/placement.py:" in reason, reason
     assert errors[0]["action"] == "failed_open"
     assert [e["path"] for e in mine if e["event"] == "exchange"] == ["/v1/chat/completions"]
     answer = json.loads(data)["choices"][0]["message"]["content"]

@@ -19,8 +19,6 @@ import dataclasses
 import secrets
 import signal
 import sys
-import time
-from collections.abc import Generator
 from typing import Any, cast
 
 from mitmproxy import ctx, exceptions, http
@@ -33,15 +31,10 @@ from proxy.engine.records import Record
 from proxy.eventlog import make_logger
 from proxy.mitm import addon_errors, upstream_retry
 from proxy.mitm import error_pages as mitm_errors
-from proxy.mitm.detector_process import DetectorProcess, FlowMirror
 from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
 from proxy.mitm.idle import IdleQueue
-from proxy.pipeline.exchange import (
-    BLOCK_MESSAGE,
-    FAILED_CLOSED_MESSAGE,
-    Enforcement,
-    ExchangeMonitor,
-)
+from proxy.mitm.placement import InProcess, OnLoop
+from proxy.pipeline.exchange import Enforcement, ExchangeMonitor
 from proxy.protocols import ParsedRequest, ProtocolError, Route, route_for
 from proxy.redaction import error_text, path_only, unquoted
 from proxy.store.journal import JournalError, JournalWriter
@@ -49,38 +42,15 @@ from proxy.store.journal import load_window as journal_load_window
 from proxy.store.redis_index import SharedIndex, open_index
 from proxy.tenants import TenantRules, identify, request_id_of
 
-UNSCANNED_KEY = "crosstalk.unscanned"  # why a flow's copy never reached the detector
-READY_TIMEOUT = 120.0  # seconds a detector process may take to load its state
-RESTART_DELAY = 1.0  # seconds before a dead detector process is replaced
-MAX_RESTARTS = 5  # replacements per run; a detector that keeps dying is left off
-OPTIONS: dict[str, tuple[type, Any, str]] = {
-    "crosstalk_config": (str, "", "Path of the crosstalk TOML configuration."),
-    "crosstalk_mode": (str, "", "shadow or enforce; overrides the config file."),
-    "crosstalk_log_file": (str, "", "JSON-lines event log; empty: the config's, else stderr."),
-    "crosstalk_log_level": (str, "", "debug, info or warning; overrides the config file."),
-    "crosstalk_log_format": (str, "", "auto, json or console; overrides the config file."),
-    "crosstalk_journal": (
-        str,
-        "",
-        "Directory of the fingerprint journal (keyed records, no text); overrides the config.",
-    ),
-    "crosstalk_index": (
-        str,
-        "",
-        "redis://HOST:PORT/DB shared by the replicas (keyed records, no text); overrides the config.",
-    ),
-    "crosstalk_json_errors": (
-        bool,
-        True,
-        "Answer proxy-level errors (upstream unreachable, ...) with OpenAI-format JSON "
-        "instead of mitmproxy's HTML page.",
-    ),
-    "crosstalk_upstream_retry": (
-        bool,
-        True,
-        "Send a request once more on a fresh connection when the kept-alive upstream "
-        "connection it went out on was closed before any answer (else a 502).",
-    ),
+PLACEMENT_KEY = "crosstalk.placement"  # where the exchange began: it ends there too
+#: Options that override a key of the configuration file (``config.load``'s overrides).
+OVERRIDES = {
+    "crosstalk_mode": "proxy__mode",
+    "crosstalk_log_file": "proxy__log_file",
+    "crosstalk_log_level": "proxy__log_level",
+    "crosstalk_log_format": "proxy__log_format",
+    "crosstalk_journal": "journal__directory",
+    "crosstalk_index": "index__url",
 }
 
 
@@ -88,9 +58,10 @@ class CrossTalk:
     """Detects cross-tenant leaks in LLM responses passing through mitmproxy.
 
     Where the detection runs follows ``policy.shadow_detector``: on this event loop, or
-    in a detector process (proxy/mitm/detector_process.py) to which this addon copies each
-    exchange while it forwards it. ``inline=True`` is that process's own instance: it
-    detects here, synchronously, and takes the proxy's fingerprint ``key`` (hex).
+    in a detector process to which this addon copies each exchange while it forwards it
+    (``placement``, an ``OnLoop`` or an ``InProcess``: proxy/mitm/placement.py).
+    ``inline=True`` is that process's own instance: it detects here, synchronously, and
+    takes the proxy's fingerprint ``key`` (hex).
     """
 
     def __init__(self, *, inline: bool = False, key: str = "") -> None:
@@ -98,11 +69,7 @@ class CrossTalk:
         self.engine: Engine | None = None
         self.inline = inline
         self._key = key
-        self.detector: DetectorProcess | None = None
-        self.mirror: FlowMirror | None = None
-        self.detector_wanted = False  # detection in a process (policy.shadow_detector)
-        self._starting: asyncio.Task | None = None  # a (re)start while running
-        self._restarts = 0
+        self.placement: OnLoop | InProcess = OnLoop(self)
         self.failed: str | None = None  # why it stops the proxy at start, if it does
         self.log: Any = None
         self.rules = TenantRules()
@@ -127,8 +94,50 @@ class CrossTalk:
         self._running = False
 
     def load(self, loader) -> None:
-        for name, (typ, default, help_text) in OPTIONS.items():
-            loader.add_option(name, typ, default, help_text)
+        loader.add_option("crosstalk_config", str, "", "Path of the crosstalk TOML configuration.")
+        loader.add_option("crosstalk_mode", str, "", "shadow or enforce; overrides the config.")
+        loader.add_option(
+            "crosstalk_log_file", str, "", "JSON-lines event log; empty: the config's, else stderr."
+        )
+        loader.add_option(
+            "crosstalk_log_level", str, "", "debug, info or warning; overrides the config."
+        )
+        loader.add_option(
+            "crosstalk_log_format", str, "", "auto, json or console; overrides the config."
+        )
+        loader.add_option(
+            "crosstalk_journal",
+            str,
+            "",
+            "Directory of the fingerprint journal (keyed records, no text); overrides the config.",
+        )
+        loader.add_option(
+            "crosstalk_index",
+            str,
+            "",
+            "redis://HOST:PORT/DB shared by the replicas (keyed records, no text); overrides "
+            "the config.",
+        )
+        loader.add_option(
+            "crosstalk_json_errors",
+            bool,
+            True,
+            "Answer proxy-level errors (upstream unreachable, ...) with OpenAI-format JSON "
+            "instead of mitmproxy's HTML page.",
+        )
+        loader.add_option(
+            "crosstalk_upstream_retry",
+            bool,
+            True,
+            "Send a request once more on a fresh connection when the kept-alive upstream "
+            "connection it went out on was closed before any answer (else a 502).",
+        )
+
+    @staticmethod
+    def _read_config() -> configuration.Config:
+        """The configuration file with the options that override its keys."""
+        overrides = {key: getattr(ctx.options, name) or None for name, key in OVERRIDES.items()}
+        return configuration.load(ctx.options.crosstalk_config or None, **overrides)
 
     def configure(self, updated: set[str]) -> None:
         if ctx.options.connection_strategy == "eager":
@@ -138,23 +147,14 @@ class CrossTalk:
             ctx.options.update(connection_strategy="lazy")
             return
         (mitm_errors.install if ctx.options.crosstalk_json_errors else mitm_errors.uninstall)()
-        (
-            upstream_retry.install
-            if ctx.options.crosstalk_upstream_retry
-            else upstream_retry.uninstall
-        )()
-        if self.log is not None and not updated & set(OPTIONS):
+        if ctx.options.crosstalk_upstream_retry:
+            upstream_retry.install(lambda: self.log)
+        else:
+            upstream_retry.uninstall()
+        if self.log is not None and not updated & {"crosstalk_config", *OVERRIDES}:
             return
         try:
-            cfg = configuration.load(
-                ctx.options.crosstalk_config or None,
-                proxy__mode=ctx.options.crosstalk_mode or None,
-                proxy__log_file=ctx.options.crosstalk_log_file or None,
-                proxy__log_level=ctx.options.crosstalk_log_level or None,
-                proxy__log_format=ctx.options.crosstalk_log_format or None,
-                journal__directory=ctx.options.crosstalk_journal or None,
-                index__url=ctx.options.crosstalk_index or None,
-            )
+            cfg = self._read_config()
             # One key for this process and a detector process: both name tenants alike.
             key = self._key or cfg.detection.key or secrets.token_hex(32)
             cfg = dataclasses.replace(cfg, detection=dataclasses.replace(cfg.detection, key=key))
@@ -167,13 +167,14 @@ class CrossTalk:
         )
         addon_errors.install(addon_errors.AddonFailures(lambda: self.log, self._count_addon_error))
         self.rules = rules
-        self._stop_detector()
-        self.detector_wanted = cfg.detector_process() and not self.inline
-        if self.detector_wanted:
+        self.placement.stop()
+        if cfg.detector_process() and not self.inline:
             self._close_state()
+            self.placement = InProcess(self)
             if self._running:  # else once every option is set (``running``)
-                self._starting = asyncio.get_running_loop().create_task(self._start_detector())
+                self.placement.start()
             return
+        self.placement = OnLoop(self)
         engine_config = cfg.engine_config()
         self.engine = factory.build_engine(cfg)
         self._load_state()
@@ -198,10 +199,7 @@ class CrossTalk:
         if self.config is None or self.log is None:
             return
         try:
-            fresh = configuration.load(
-                ctx.options.crosstalk_config or None,
-                proxy__mode=ctx.options.crosstalk_mode or None,
-            )
+            fresh = self._read_config()
             rules = factory.tenant_rules(fresh, bytes.fromhex(self.config.detection.key))
         except configuration.ConfigError as e:
             self.log.error("config.reload_failed", reason=str(e), action="kept the old one")
@@ -235,8 +233,7 @@ class CrossTalk:
             detection=detection, degenerate=fresh.degenerate, prevention=fresh.prevention,
         )  # fmt: skip
         self.rules = rules
-        if self.detector is not None:
-            self.detector.send("reload", 0, None, time.monotonic())
+        self.placement.reload()
         self.log.info(
             "config.reloaded",
             baselines_added=len(added),
@@ -244,84 +241,22 @@ class CrossTalk:
             process="detector" if self.inline else "proxy",
         )
 
-    async def _start_detector(self, *, restart: bool = False) -> None:
-        """Detection in a child process: this one only copies exchanges to it. Waits
-        for the child to be configured (its state, journal window or shared index
-        loaded); if it cannot be at start, says why and stops the proxy, as inline mode
-        would (a replacement that fails leaves detection off, logged)."""
-        options = {n: o.current() for n, o in ctx.options.items() if n.startswith("crosstalk_")}
-        hello = {"key": self.config.detection.key, "options": options}
-        self.detector = DetectorProcess(
-            hello, nice=self.config.policy.shadow_detector_nice, on_event=self._detector_event
-        )
-        self.detector.start()
-        assert self.detector.proc is not None  # start() made the child
-        self.mirror = FlowMirror(self.detector)
-        self.log.info(
-            "crosstalk.configured",
-            mode=self.config.proxy.mode,
-            detector="process",
-            pid=self.detector.proc.pid,
-            nice=self.detector.nice,
-        )
-        started = time.monotonic()
-        failure = await self.detector.ready(READY_TIMEOUT)
-        if failure is None:
-            seconds = round(time.monotonic() - started, 2)
-            self.log.info("detector.ready", pid=self.detector.proc.pid, seconds=seconds)
-            return
-        self.log.error("detector.failed", reason=failure)
-        if not restart:
-            self.failed = f"the detector process failed: {failure}"
-            print(f"crosstalk: {self.failed}", file=sys.stderr)
-            ctx.master.shutdown()
-
     async def detector_started(self) -> None:
-        """Once the detector process's start has ended (ready or failed); at once when
-        none is starting."""
-        if self._starting is not None and not self._starting.done():
-            await asyncio.shield(self._starting)
+        """Once a detector process's start has ended (ready or failed); at once when
+        there is none, or none is starting."""
+        await self.placement.started()
 
-    def _detector_event(self, event: str, detail: Any) -> None:
-        if event == "logged":
-            if self.mirror is not None:
-                self.mirror.logged(detail)
-            return
-        if event == "exited":
-            if self.mirror is not None:
-                for flow in self.mirror.orphans():
-                    self._log_unscanned(flow, f"the detector process {detail} before logging it")
-            restart = self._running and self._restarts < MAX_RESTARTS
-            then = f"replaced in {RESTART_DELAY:g} s" if restart else "detection stays off"
-            self.log.error(
-                "detector.error",
-                reason=f"detector process {detail}: exchanges pass unscanned; {then}",
-                action="failed_open",
-            )
-            if restart:
-                self._restarts += 1
-                asyncio.get_running_loop().call_later(RESTART_DELAY, self._replace_detector)
-        elif event == "lagging":
-            self.log.warning(
-                "detector.lagging",
-                backlog_bytes=detail,
-                detail="new exchanges pass unscanned until the detector catches up",
-            )
-        elif event == "caught_up":
-            assert self.mirror is not None  # set while its detector runs (_start_detector)
-            self.log.info("detector.caught_up", backlog_bytes=detail, skipped=self.mirror.skipped)
+    @property
+    def running_now(self) -> bool:
+        """Between mitmproxy's ``running`` and ``done`` hooks."""
+        return self._running
 
-    def _replace_detector(self) -> None:
-        """A fresh child (its engine starts from the state file or journal, if any)."""
-        if not self._running or not self.detector_wanted:
-            return
-        self._stop_detector()
-        self._starting = asyncio.get_running_loop().create_task(self._start_detector(restart=True))
-
-    def _stop_detector(self) -> None:
-        if self.detector is not None:
-            self.detector.close()
-        self.detector = self.mirror = None
+    def stop_at_start(self, reason: str) -> None:
+        """Detection cannot run, found at start: say why and stop the proxy, as a
+        configuration error would."""
+        self.failed = reason
+        print(f"crosstalk: {reason}", file=sys.stderr)
+        ctx.master.shutdown()
 
     def _close_state(self) -> None:
         """No engine here (a detector process has it): nothing to keep open."""
@@ -337,14 +272,7 @@ class CrossTalk:
             # SIGHUP reloads under mitmdump as under ``crosstalk run`` (the same addon).
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
-        if self.detector_wanted and self.detector is None:
-            # Started in the background: mitmproxy listens before ``running``, and the
-            # addons after this one (tlsconfig's certificate store) initialise only once
-            # this hook returns. Awaited here, the child's seconds of start-up met
-            # early requests with those addons unready, and mitmdump exits on any error
-            # logged before ``running`` returns. Until it is ready, exchanges are copied
-            # to it and wait in the pipe.
-            self._starting = asyncio.get_running_loop().create_task(self._start_detector())
+        self.placement.start()  # a detector process, in the background
         if self.index is not None:
             self.index.start()
 
@@ -357,7 +285,7 @@ class CrossTalk:
         if not self.inline:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        self._stop_detector()
+        self.placement.stop()
         self.idle.drain()
         self._save_state()
         if self.index is not None:
@@ -399,7 +327,7 @@ class CrossTalk:
         elif self.index is not None:
             self.index.start()
 
-    def _sink(self, record: Record) -> None:
+    def sink(self, record: Record) -> None:
         """Where each keyed record goes: the journal and the replicas' shared stream."""
         self._journal(record)
         if self.index is not None:
@@ -461,16 +389,15 @@ class CrossTalk:
         if route is None:
             self._note_unknown(flow)
             return
-        if self.detector_wanted and self.mirror is None:
+        placement = self.placement
+        if not placement.accepting:
             return  # the moment between listening and the detector's start: unscanned
         request_id = request_id_of(flow.request.headers)
         flow.request.headers["x-request-id"] = request_id
-        # With a detector process, this one reads the body only for a tenant named
-        # nowhere else (its ``user`` field): the detector parses its copy anyway.
-        parsed = None if self.mirror is not None else self._parse(flow, route, request_id)
+        parsed = self._parse(flow, route, request_id) if placement.reads_bodies else None
         headers = flow.request.headers
         identity = identify(self.rules, headers, parsed.user if parsed else None, trusted=trusted)
-        if identity.tenant is None and self.mirror is not None:
+        if identity.tenant is None and not placement.reads_bodies:
             with contextlib.suppress(ProtocolError):  # the detector logs request.unparsed
                 parsed = route.parse_request(flow.request.get_content(strict=False) or b"")
             # A ParsedRequest is never falsy: this is its user or None.
@@ -479,7 +406,7 @@ class CrossTalk:
         tenant = identity.tenant
         if identity.ignored:
             self.counters["tenant_claims_untrusted"] += 1
-        if identity.ignored and self.mirror is None:  # else the detector process logs it
+        if identity.ignored and not placement.elsewhere:  # else the detector process logs it
             self.log.warning(
                 "tenant.untrusted",
                 request_id=request_id,
@@ -520,40 +447,8 @@ class CrossTalk:
             max_scan_chars=self.config.limits.max_scanned_output_chars,
         )
         flow.metadata[METADATA_KEY] = monitor
-        if self.mirror is not None:
-            if not self.mirror.request(flow):
-                flow.metadata[UNSCANNED_KEY] = "the detector process was lagging or gone"
-            return
-        if parsed is not None:
-            # The engine's clock for this prompt is when the proxy had the request, not
-            # when the idle queue (or the detector process, its copy) got to it: the
-            # capture records the same moment, so a replay expires what live expired.
-            arrived = flow.request.timestamp_end or flow.request.timestamp_start
-
-            def observe() -> Generator[None, None, None]:
-                try:
-                    # The inline engine. Not narrowed: a reconfiguration to a detector
-                    # process before this runs leaves None (an error, failing open).
-                    monitor.scan = yield from cast(Engine, self.engine).observe_prompt_steps(
-                        tenant,
-                        request_id,
-                        parsed.prompt,
-                        arrived,
-                        model_text=parsed.model_text,
-                        turns_known=parsed.turns_known,
-                    )
-                except Exception as e:  # noqa: BLE001 -- fail open
-                    monitor.detector_error = error_text(e)
-                else:
-                    self._sink(monitor.scan.prompt)
-
-            # Observed once the loop is idle, after the request went upstream: its ~1 ms
-            # is not added to anyone's time to first token. It still comes before any
-            # response chunk that arrives later (the engine cannot leak a prompt it has
-            # not received yet): the idle queue runs in order, and synchronous scans
-            # drain it first.
-            monitor.pending_observe = observe
-            self.idle.push(monitor.observe_steps)
+        flow.metadata[PLACEMENT_KEY] = placement
+        placement.begin(flow, monitor, parsed)
 
     def _parse(self, flow: http.HTTPFlow, route: Route, request_id: str) -> ParsedRequest | None:
         try:
@@ -572,118 +467,29 @@ class CrossTalk:
         response = flow.response
         assert response is not None  # responseheaders: mitmproxy has the response
         is_sse = "text/event-stream" in response.headers.get("content-type", "")
-        if monitor is not None:
-            response.headers["x-request-id"] = monitor.request_id
-            if self.mirror is not None:
-                self.mirror.responseheaders(flow, is_sse)
-                return
-        if not is_sse:
-            return  # buffered: scanned whole in ``response``
         if monitor is None:
-            response.stream = True  # SSE we do not scan: still never buffered
+            if is_sse:
+                response.stream = True  # SSE we do not scan: still never buffered
             return
-        monitor.start_stream(response.headers.get("content-encoding"))
-
-        if self.config.proxy.log_evidence_text:
-            monitor.keep_text = True
-        if monitor.enforcement is None and not self.inline:
-            monitor.defer = self.idle.push
-            monitor.deferred_count = lambda: self.idle.pushed
-            response.stream = monitor.on_chunk
-        else:
-            response.stream = self._synchronous(monitor.on_chunk)
+        response.headers["x-request-id"] = monitor.request_id
+        flow.metadata[PLACEMENT_KEY].responseheaders(flow, monitor, is_sse)
 
     async def response(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
-        if monitor is None:
-            return
-        assert flow.response is not None  # the response hook: mitmproxy has the response
-        if self.mirror is not None:
-            if (reason := flow.metadata.pop(UNSCANNED_KEY, None)) is not None:
-                self._log_unscanned(flow, reason)
-            elif (verdict := await self.mirror.response(flow)) is not None:
-                flow.response.headers["x-crosstalk-verdict"] = verdict
-            return
-        monitor.ended = monitor.ended or time.monotonic()
-        status = flow.response.status_code
-        if monitor.stream:
-            monitor.when_settled(lambda: self._log_exchange(flow, monitor, status))
-            return
-        self.idle.drain()  # the prompt's observation included
-        if self.config.proxy.log_evidence_text:
-            monitor.keep_text = True
-        body = self._decoded_body(flow.response, monitor)
-        if body is not None and 200 <= flow.response.status_code < 300:
-            monitor.on_body(body)
-        else:
-            monitor.close()
-        if monitor.enforcement is not None and monitor.detector_error is not None:
-            monitor.failed_closed = monitor.enforcement.fail_closed
-        if monitor.verdict == "blocked":
-            self._replace_with_block(flow, monitor)
-        flow.response.headers["x-crosstalk-verdict"] = monitor.verdict
-        self._log_exchange(flow, monitor, flow.response.status_code)
+        if monitor is not None:
+            await flow.metadata[PLACEMENT_KEY].response(flow, monitor)
 
     def error(self, flow: http.HTTPFlow) -> None:
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
-        if monitor is None:
-            return
-        if self.mirror is not None:
-            if (reason := flow.metadata.pop(UNSCANNED_KEY, None)) is not None:
-                self._log_unscanned(flow, reason)
-            else:
-                self.mirror.error(flow)
-            return
-        monitor.ended = monitor.ended or time.monotonic()
-        status = flow.response.status_code if flow.response else 502
-        error = flow.error.msg if flow.error else None
-
-        def settle() -> None:  # after the queue: the prompt's observation included
-            monitor.close()
-            self._log_exchange(flow, monitor, status, error=error)
-
-        if monitor.defer is None:
-            self.idle.drain()  # what was queued before this exchange ended goes first
-        monitor.when_settled(settle)
+        if monitor is not None:
+            flow.metadata[PLACEMENT_KEY].error(flow, monitor)
 
     def _idle_failed(self, error: Exception) -> None:
         """A deferred item raised outside the monitor's own failure handling (e.g. while
         logging an exchange): said in the log, never to the event loop."""
         self.log.error("shadow_queue.error", reason=error_text(error))
 
-    def _synchronous(self, on_chunk):
-        """A stream callable that brings the engine up to date (the idle queue) before
-        each chunk: an enforced stream is scanned at once, so everything received
-        before it must already be in the engine."""
-
-        def stream(chunk: bytes) -> list[bytes]:
-            self.idle.drain()
-            return on_chunk(chunk)
-
-        return stream
-
     # -- helpers ---------------------------------------------------------------------
-
-    def _decoded_body(self, response: http.Response, monitor: ExchangeMonitor) -> bytes | None:
-        try:
-            return response.get_content(strict=True)
-        except ValueError as e:
-            monitor.undecodable(response.headers.get("content-encoding"), e)
-            return None
-
-    def _replace_with_block(self, flow: http.HTTPFlow, monitor: ExchangeMonitor) -> None:
-        """A non-streamed response that leaked (or could not be checked, failing
-        closed) is replaced: 451 for a leak, 503 for a failed detector."""
-        leak = monitor.blocked_by is not None
-        flow.response = http.Response.make(
-            451 if leak else 503,
-            monitor.route.error_body(
-                BLOCK_MESSAGE if leak else FAILED_CLOSED_MESSAGE,
-                type="leak_blocked",
-                code="cross_tenant_leak" if leak else "detector_failed",
-            ),
-            {"content-type": "application/json", "x-request-id": monitor.request_id},
-        )
 
     def _abort_upstream(self, flow: http.HTTPFlow) -> None:
         """Close the upstream connection so the engine stops generating. Deferred, so
@@ -703,7 +509,7 @@ class CrossTalk:
                 "leak.detected", **monitor.leak_fields(finding, evidence_text=evidence_text)
             )
 
-    def _log_unscanned(self, flow: http.HTTPFlow, reason: str) -> None:
+    def log_unscanned(self, flow: http.HTTPFlow, reason: str) -> None:
         """The ``exchange`` line of an exchange that the detector process took and died
         with, or could not take: the proxy passed it on unscanned, and says so."""
         monitor: ExchangeMonitor | None = flow.metadata.get(METADATA_KEY)
@@ -711,12 +517,12 @@ class CrossTalk:
             status = flow.response.status_code if flow.response else 0
             self._exchange_line(flow, monitor, status, "unscanned", error=reason)
 
-    def _log_exchange(
+    def log_exchange(
         self, flow: http.HTTPFlow, monitor: ExchangeMonitor, status: int, error: str | None = None
     ) -> None:
         self.counters["exchanges"] += 1
         if monitor.scan is not None and monitor.scan.finished:
-            self._sink(monitor.scan.record())
+            self.sink(monitor.scan.record())
         if monitor.detector_error is not None:
             self.counters["detector_errors"] += 1
             failed_closed = monitor.failed_closed and monitor.blocked_by is None

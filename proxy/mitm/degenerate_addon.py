@@ -6,26 +6,32 @@ upstream over a sliding window.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mitmproxy import http
 
 from proxy.engine.degenerate import ExchangeWatch, RateWindow
-from proxy.mitm.flowstate import METADATA_KEY, crosstalk_addon, detector_elsewhere, upstream_of
+from proxy.mitm.flowstate import METADATA_KEY, upstream_of
 
 DEGENERATE_KEY = "crosstalk.degenerate"
 MAX_UPSTREAM_LABELS = 64
+
+if TYPE_CHECKING:
+    from proxy.mitm.addon import CrossTalk
 
 
 class CrossTalkDegenerate:
     """Degenerate-output signal: ``output.degenerate`` events and a rate per upstream."""
 
-    def __init__(self) -> None:
+    def __init__(self, crosstalk: CrossTalk) -> None:
+        self.crosstalk = crosstalk
         self.rates = RateWindow()
         self.counts: dict[tuple[str, str], int] = {}  # (upstream, reason) -> exchanges
 
     def request(self, flow: http.HTTPFlow) -> None:
-        crosstalk = crosstalk_addon()
+        crosstalk = self.crosstalk
         monitor = flow.metadata.get(METADATA_KEY)
-        if flow.response or monitor is None or crosstalk is None or detector_elsewhere(crosstalk):
+        if flow.response or monitor is None or crosstalk.placement.elsewhere:
             return
         config = crosstalk.config.degenerate
         if not config.enabled:

@@ -2,7 +2,8 @@
 
 ``CrossTalk`` keeps each exchange's :class:`~proxy.pipeline.exchange.ExchangeMonitor` in
 ``flow.metadata[METADATA_KEY]``; the addons loaded after it (prevention, the degenerate
-signal, metrics) read it from there and find ``CrossTalk`` itself by its addon name.
+signal, metrics) read it from there. They are given ``CrossTalk`` itself when they are
+made (``wiring.default_addons``).
 """
 
 from __future__ import annotations
@@ -24,17 +25,6 @@ def addon_named(name: str) -> Any:
         return ctx.master.addons.get(name)
     except AttributeError:
         return None
-
-
-def crosstalk_addon() -> Any:
-    """The running ``CrossTalk`` addon, or None."""
-    return addon_named(CROSSTALK)
-
-
-def detector_elsewhere(crosstalk: Any) -> bool:
-    """Whether a detector process runs the addons on a copy of each exchange: it then
-    reports their events and counts, and this process must not do so a second time."""
-    return crosstalk is not None and crosstalk.detector_wanted
 
 
 def route_parts(route: Any) -> tuple[str, str]:

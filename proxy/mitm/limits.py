@@ -15,26 +15,31 @@ clients connect: the detector process's copies are never refused.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mitmproxy import ctx, http
 
 from proxy.config import LimitsSection
-from proxy.mitm.flowstate import crosstalk_addon
 from proxy.protocols import route_for
 from proxy.redaction import path_only
 
 COUNTED_KEY = "crosstalk.limits.in_flight"
 IDLE_DEFAULT = LimitsSection().idle_timeout_seconds  # also mitmproxy's tcp_timeout default
 
+if TYPE_CHECKING:
+    from proxy.mitm.addon import CrossTalk
+
 
 class CrossTalkLimits:
     """Request size, time and concurrency limits; ``limit.exceeded`` in the event log."""
 
-    def __init__(self) -> None:
+    def __init__(self, crosstalk: CrossTalk) -> None:
+        self.crosstalk = crosstalk
         self.in_flight = 0
 
     def running(self) -> None:
-        crosstalk = crosstalk_addon()
-        if crosstalk is None or crosstalk.inline:
+        crosstalk = self.crosstalk
+        if crosstalk.inline:
             return
         idle = crosstalk.config.limits.idle_timeout_seconds
         # The config's value, unless it is the default and the user set mitmproxy's own
@@ -43,8 +48,8 @@ class CrossTalkLimits:
             ctx.options.update(tcp_timeout=idle)
 
     def request(self, flow: http.HTTPFlow) -> None:
-        crosstalk = crosstalk_addon()
-        if flow.response or crosstalk is None or crosstalk.inline or not flow.live:
+        crosstalk = self.crosstalk
+        if flow.response or crosstalk.inline or not flow.live:
             return
         route = route_for(flow.request.method, flow.request.path)
         if route is None:
@@ -97,7 +102,7 @@ class CrossTalkLimits:
         flow.response = http.Response.make(
             status, route.error_body(f"crosstalk: {message}", type=kind, code=code), headers
         )
-        crosstalk = crosstalk_addon()
+        crosstalk = self.crosstalk
         crosstalk.log.warning(
             "limit.exceeded",
             status=status,

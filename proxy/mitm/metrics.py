@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from proxy.mitm.admin import start_admin_server
-from proxy.mitm.flowstate import METADATA_KEY, addon_named, crosstalk_addon, detector_elsewhere
+from proxy.mitm.flowstate import METADATA_KEY, addon_named
 from proxy.pipeline.exchange import GC_PAUSES
 
 if TYPE_CHECKING:
@@ -43,6 +43,9 @@ SCAN_BUCKETS = (
 # CrossTalk's own counters that the labelled metrics already count.
 _LABELLED = frozenset({"exchanges", "findings"})
 _NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+if TYPE_CHECKING:
+    from proxy.mitm.addon import CrossTalk
 
 
 class TenantLabels:
@@ -79,8 +82,8 @@ class _Collector:
         return []  # dynamic families: no duplicate check at registration
 
     def collect(self) -> Iterator[Metric]:
-        crosstalk = crosstalk_addon()
-        counters: dict[str, int] = dict(crosstalk.counters) if crosstalk is not None else {}
+        crosstalk = self.owner.crosstalk
+        counters: dict[str, int] = dict(crosstalk.counters)
         prevention = addon_named("crosstalkprevention")
         if prevention is not None:
             counters.update(prevention.counters)
@@ -89,25 +92,24 @@ class _Collector:
                 continue
             name = "crosstalk_" + _NAME.sub("_", key)
             yield CounterMetricFamily(name, f"CrossTalk counter {key!r}.", value=value)
-        if crosstalk is not None:
-            idle = crosstalk.idle
-            yield GaugeMetricFamily(
-                "crosstalk_shadow_queue_items",
-                "Shadow-mode engine work waiting for an idle event loop.",
-                value=len(idle),
-            )
-            yield CounterMetricFamily(
-                "crosstalk_shadow_queue_overdue",
-                "Queued items run before the loop was idle (waited 50 ms or behind 10,000): "
-                "the proxy is short of CPU.",
-                value=idle.overdue,
-            )
-            yield CounterMetricFamily(
-                "crosstalk_shadow_queue_errors",
-                "Queued items that raised (each logged as shadow_queue.error).",
-                value=idle.errors,
-            )
-        engine = crosstalk.engine if crosstalk is not None else None
+        idle = crosstalk.idle
+        yield GaugeMetricFamily(
+            "crosstalk_shadow_queue_items",
+            "Shadow-mode engine work waiting for an idle event loop.",
+            value=len(idle),
+        )
+        yield CounterMetricFamily(
+            "crosstalk_shadow_queue_overdue",
+            "Queued items run before the loop was idle (waited 50 ms or behind 10,000): "
+            "the proxy is short of CPU.",
+            value=idle.overdue,
+        )
+        yield CounterMetricFamily(
+            "crosstalk_shadow_queue_errors",
+            "Queued items that raised (each logged as shadow_queue.error).",
+            value=idle.errors,
+        )
+        engine = crosstalk.engine
         if engine is not None:
             yield GaugeMetricFamily(
                 "crosstalk_fingerprints",
@@ -190,7 +192,8 @@ class _Collector:
 class CrossTalkMetrics:
     """Counts exchanges, findings and scan times; serves them with prometheus-client."""
 
-    def __init__(self) -> None:
+    def __init__(self, crosstalk: CrossTalk) -> None:
+        self.crosstalk = crosstalk
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "crosstalk_requests",
@@ -229,14 +232,14 @@ class CrossTalkMetrics:
         )
 
     def configure(self, updated: set[str]) -> None:
-        crosstalk = crosstalk_addon()
-        section = crosstalk.config.metrics if crosstalk is not None else None
-        port = ctx.options.crosstalk_metrics_port or (section.port if section else 0)
-        host = ctx.options.crosstalk_metrics_host or (section.host if section else "127.0.0.1")
-        limit = section.max_tenant_labels if section else 100
+        crosstalk = self.crosstalk
+        section = crosstalk.config.metrics
+        port = ctx.options.crosstalk_metrics_port or section.port
+        host = ctx.options.crosstalk_metrics_host or section.host
+        limit = section.max_tenant_labels
         if limit != self.tenants.limit:
             self.tenants = TenantLabels(limit)
-        if detector_elsewhere(crosstalk_addon()):
+        if crosstalk.placement.elsewhere:
             port = 0  # the detector process serves them: its engine, its counts
         if not port:
             self._stop()
@@ -251,13 +254,13 @@ class CrossTalkMetrics:
         except OSError as e:
             raise exceptions.OptionsError(f"crosstalk: metrics on {host}:{port}: {e}") from e
         self.bound = (host, port)
-        if crosstalk is not None and crosstalk.log is not None:
+        if crosstalk.log is not None:
             crosstalk.log.info("metrics.listening", host=host, port=port)
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """``/readyz``: this process's engine is up; the shared index connected or
         degraded (still detecting locally), or not configured."""
-        crosstalk = crosstalk_addon()
+        crosstalk = self.crosstalk
         engine = getattr(crosstalk, "engine", None)
         index = getattr(crosstalk, "index", None)
         if index is None:
@@ -272,7 +275,7 @@ class CrossTalkMetrics:
 
     def request(self, flow: http.HTTPFlow) -> None:
         monitor = flow.metadata.get(METADATA_KEY)
-        if monitor is not None and not detector_elsewhere(crosstalk_addon()):
+        if monitor is not None and not self.crosstalk.placement.elsewhere:
             monitor.on_scan = self.scan_seconds.observe
 
     def response(self, flow: http.HTTPFlow) -> None:
@@ -286,11 +289,7 @@ class CrossTalkMetrics:
 
     def _count(self, flow: http.HTTPFlow) -> None:
         monitor = flow.metadata.get(METADATA_KEY)
-        if (
-            monitor is None
-            or flow.metadata.get(COUNTED_KEY)
-            or detector_elsewhere(crosstalk_addon())
-        ):
+        if monitor is None or flow.metadata.get(COUNTED_KEY) or self.crosstalk.placement.elsewhere:
             return
         flow.metadata[COUNTED_KEY] = True
         monitor.when_settled(lambda: self._count_outcome(monitor))

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from mitmproxy import ctx, exceptions, http
 
-from proxy.mitm.flowstate import METADATA_KEY, crosstalk_addon, detector_elsewhere
+from proxy.mitm.flowstate import METADATA_KEY
 from proxy.mitm.metrics import TenantLabels
 from proxy.redaction import path_only
 
@@ -37,6 +37,9 @@ SCOPE = "crosstalk"
 # Seconds one export may take, retries included: a receiver that is down then costs a
 # batch, and the proxy's shutdown a few seconds, not the SDK's default of ten a try.
 EXPORT_TIMEOUT = 3.0
+
+if TYPE_CHECKING:
+    from proxy.mitm.addon import CrossTalk
 
 
 def wall_ns(monotonic: float) -> int:
@@ -99,7 +102,8 @@ class OtelExport:
 class CrossTalkOtel:
     """Exports each settled exchange as a span, and counts it, when ``[otel]`` is on."""
 
-    def __init__(self) -> None:
+    def __init__(self, crosstalk: CrossTalk) -> None:
+        self.crosstalk = crosstalk
         self.export: OtelExport | None = None
         self.tenants = TenantLabels(100)
         self.failures = 0
@@ -114,11 +118,12 @@ class CrossTalkOtel:
         )
 
     def configure(self, updated: set[str]) -> None:
-        crosstalk = crosstalk_addon()
-        section = crosstalk.config.otel if crosstalk is not None else None
-        if section is not None and ctx.options.crosstalk_otel_endpoint:
-            section = dataclasses.replace(section, endpoint=ctx.options.crosstalk_otel_endpoint)
-        if detector_elsewhere(crosstalk):
+        crosstalk = self.crosstalk
+        section: OtelSection | None = crosstalk.config.otel
+        if ctx.options.crosstalk_otel_endpoint:
+            endpoint = ctx.options.crosstalk_otel_endpoint
+            section = dataclasses.replace(crosstalk.config.otel, endpoint=endpoint)
+        if crosstalk.placement.elsewhere:
             section = None  # the detector process exports: its scans, its spans
         if self.export is not None and (section is None or section != self.export.section):
             self.export.shutdown()
@@ -135,8 +140,7 @@ class CrossTalkOtel:
                 ) from e
             if crosstalk.log is not None:
                 crosstalk.log.info("otel.exporting", endpoint=section.endpoint)
-        if crosstalk is not None:
-            self.tenants = TenantLabels(crosstalk.config.metrics.max_tenant_labels)
+        self.tenants = TenantLabels(crosstalk.config.metrics.max_tenant_labels)
 
     def response(self, flow: http.HTTPFlow) -> None:
         self._settle(flow)
@@ -162,8 +166,8 @@ class CrossTalkOtel:
             self._export(export, flow, monitor)
         except Exception as e:  # noqa: BLE001 -- telemetry must never fail an exchange
             self.failures += 1
-            crosstalk = crosstalk_addon()
-            if self.failures == 1 and crosstalk is not None and crosstalk.log is not None:
+            crosstalk = self.crosstalk
+            if self.failures == 1 and crosstalk.log is not None:
                 crosstalk.log.error("otel.error", error=type(e).__name__)
 
     def _export(self, export: OtelExport, flow: http.HTTPFlow, monitor: ExchangeMonitor) -> None:

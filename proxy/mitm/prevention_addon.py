@@ -11,14 +11,12 @@ the scan and enforce mode's gate), so the detector sees what the engine sent.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
 
 from proxy.mitm.flowstate import (
     METADATA_KEY,
-    crosstalk_addon,
-    detector_elsewhere,
     route_parts,
 )
 from proxy.prevention import CanaryStripper, cache_salt, canary_for, rewrite_request, strip_body
@@ -26,11 +24,15 @@ from proxy.prevention import CanaryStripper, cache_salt, canary_for, rewrite_req
 CANARY_KEY = "crosstalk.canary"  # the canary injected into this flow's request
 STRIPPER_KEY = "crosstalk.canary_stripper"
 
+if TYPE_CHECKING:
+    from proxy.mitm.addon import CrossTalk
+
 
 class CrossTalkPrevention:
     """Tenant-keyed cache_salt and canaries, per the policy of each request."""
 
-    def __init__(self) -> None:
+    def __init__(self, crosstalk: CrossTalk) -> None:
+        self.crosstalk = crosstalk
         self.counters: dict[str, int] = {
             "cache_salt_injected": 0,
             "cache_salt_replaced": 0,
@@ -41,9 +43,9 @@ class CrossTalkPrevention:
         self._registered: set[str] = set()
 
     def request(self, flow: http.HTTPFlow) -> None:
-        crosstalk = crosstalk_addon()
+        crosstalk = self.crosstalk
         monitor = flow.metadata.get(METADATA_KEY)
-        if flow.response or monitor is None or crosstalk is None or crosstalk.log is None:
+        if flow.response or monitor is None or crosstalk.log is None:
             return
         config = crosstalk.config
         policy = config.policy_for(monitor.tenant, flow.request.path)
@@ -66,7 +68,7 @@ class CrossTalkPrevention:
                 flow.request.get_content(strict=False) or b"", salt=salt, canary=canary
             )
         except ValueError as e:
-            if not detector_elsewhere(crosstalk):
+            if not crosstalk.placement.elsewhere:
                 crosstalk.log.warning(
                     "prevention.skipped", request_id=monitor.request_id, reason=str(e)[:200]
                 )
@@ -78,7 +80,7 @@ class CrossTalkPrevention:
             flow.metadata[CANARY_KEY] = canary
             # The canary is removed from the plaintext stream: no compressed answer.
             flow.request.headers["accept-encoding"] = "identity"
-        if detector_elsewhere(crosstalk):
+        if crosstalk.placement.elsewhere:
             return
         if salt is not None:
             self.counters["cache_salt_injected"] += 1
@@ -102,7 +104,7 @@ class CrossTalkPrevention:
             return
         self._registered.add(tenant)
         record = crosstalk.engine.register_canary(tenant, canary)
-        crosstalk._sink(record)  # journal and replicas, like a prompt's record
+        crosstalk.sink(record)  # journal and replicas, like a prompt's record
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         canary = flow.metadata.get(CANARY_KEY)
@@ -111,10 +113,10 @@ class CrossTalkPrevention:
         if canary is None or "text/event-stream" not in response.headers.get("content-type", ""):
             return
         if response.headers.get("content-encoding", "identity") not in ("", "identity"):
-            if detector_elsewhere(crosstalk_addon()):
+            if self.crosstalk.placement.elsewhere:
                 return
             monitor = flow.metadata.get(METADATA_KEY)
-            crosstalk_addon().log.warning(
+            self.crosstalk.log.warning(
                 "canary.unstripped",
                 request_id=monitor.request_id if monitor else None,
                 reason="compressed stream",
@@ -148,11 +150,11 @@ class CrossTalkPrevention:
             self._removed(flow, stripper.removed)
 
     def _removed(self, flow: http.HTTPFlow, removed: int) -> None:
-        if not removed or detector_elsewhere(crosstalk_addon()):
+        if not removed or self.crosstalk.placement.elsewhere:
             return
         self.counters["canary_echoes_removed"] += removed
         monitor = flow.metadata.get(METADATA_KEY)
-        crosstalk_addon().log.info(
+        self.crosstalk.log.info(
             "canary.echo_removed",
             request_id=monitor.request_id if monitor else None,
             tenant=monitor.tenant if monitor else None,

@@ -25,10 +25,10 @@ loudly. Where the internals are not what this expects, nothing is replaced.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
-from proxy.mitm.flowstate import METADATA_KEY, crosstalk_addon
+from proxy.mitm.flowstate import METADATA_KEY
 from proxy.redaction import path_only
 
 try:
@@ -47,6 +47,13 @@ except ImportError:  # another mitmproxy layout: leave it alone
 RETRIED_KEY = "crosstalk.upstream_retried"
 CLOSED = "server closed connection"
 _ORIGINAL = getattr(HttpStream, "handle_protocol_error", None)
+
+
+def _no_log() -> Any:
+    return None
+
+
+_log: Callable[[], Any] = _no_log  # the event log of the CrossTalk that installed it
 
 
 def _reused_and_unanswered(stream: Any, event: Any) -> bool:
@@ -76,9 +83,8 @@ def _handle_protocol_error(self: Any, event: Any) -> Generator[Any, Any, None]:
         return
     flow = self.flow
     flow.metadata[RETRIED_KEY] = True
-    crosstalk = crosstalk_addon()
-    if crosstalk is not None and crosstalk.log is not None:
-        crosstalk.log.info(
+    if (log := _log()) is not None:
+        log.info(
             "upstream.retried",
             request_id=getattr(flow.metadata.get(METADATA_KEY), "request_id", None),
             path=path_only(flow.request.path),
@@ -98,8 +104,11 @@ def _handle_protocol_error(self: Any, event: Any) -> Generator[Any, Any, None]:
     yield SendHttp(RequestEndOfMessage(self.stream_id), server)
 
 
-def install() -> None:
-    """Retry requests that met a closed kept-alive connection (idempotent)."""
+def install(log: Callable[[], Any]) -> None:
+    """Retry requests that met a closed kept-alive connection (idempotent); ``log()``
+    is the event log each retry is written to (None: not written)."""
+    global _log
+    _log = log
     if _ORIGINAL is not None:
         HttpStream.handle_protocol_error = _handle_protocol_error  # type: ignore[method-assign]
 

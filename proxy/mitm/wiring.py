@@ -5,7 +5,8 @@ load :func:`default_addons`, so the three cannot drift apart. The order matters:
 limits first (a refused request never gets a monitor), ``CrossTalk`` (it creates each
 flow's monitor, which the others read), then
 prevention (its stream transform runs after the scan and enforce mode's gate), the
-degenerate signal, metrics and OpenTelemetry export.
+degenerate signal, metrics and OpenTelemetry export. Each side addon is given the
+``CrossTalk`` it serves: its configuration, log and counters, and ``detection.elsewhere``.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ def default_addons(
     (the detector process passes its inline one); ``before`` go ahead of it and
     ``after_crosstalk`` straight after it, ahead of the others (``--capture``'s writer
     sees the upstream response first; its tee keeps the bodies as the engine saw them)."""
+    crosstalk = crosstalk or CrossTalk()
     return [
         *before,
-        CrossTalkLimits(),
-        crosstalk or CrossTalk(),
+        CrossTalkLimits(crosstalk),
+        crosstalk,
         *after_crosstalk,
-        CrossTalkPrevention(),
-        CrossTalkDegenerate(),
-        CrossTalkMetrics(),
-        CrossTalkOtel(),
+        CrossTalkPrevention(crosstalk),
+        CrossTalkDegenerate(crosstalk),
+        CrossTalkMetrics(crosstalk),
+        CrossTalkOtel(crosstalk),
     ]
