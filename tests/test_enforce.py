@@ -374,6 +374,29 @@ def test_one_tenant_repeating_itself_across_restarts_stays_private(tmp_path):
     assert m.blocked_by is not None and m.blocked_by.source_tenant == "A"
 
 
+def test_a_pair_filter_of_another_bit_layout_is_not_loaded(tmp_path):
+    """A state file from before the pair filter's layout 2 (no ``pairs_layout``) keeps
+    its sketch and vocabulary, but its pair bits would answer for other pairs: the
+    filter starts empty. A file of this layout loads them."""
+    import numpy as np
+
+    first = Engine(EngineConfig(key=b"k" * 32))
+    first.observe_prompt("A", "a-0", PRIVATE, now=1000.0).finish()
+    first.save_commonness(tmp_path / "state.npz")
+    saved = [bytes(g) for g in first.pairs.generations]
+    assert any(saved[0])  # bytes: set bits
+    same = Engine(EngineConfig(key=b"k" * 32))
+    same.load_commonness(tmp_path / "state.npz")
+    assert [bytes(g) for g in same.pairs.generations] == saved
+    with np.load(tmp_path / "state.npz") as data:
+        older = {name: data[name] for name in data.files if name != "pairs_layout"}
+    np.savez(tmp_path / "older.npz", **older)
+    upgraded = Engine(EngineConfig(key=b"k" * 32))
+    upgraded.load_commonness(tmp_path / "older.npz")
+    assert not any(b"".join(bytes(g) for g in upgraded.pairs.generations))
+    assert upgraded.observed_requests == 1  # the rest of the file still loads
+
+
 def test_every_engine_parameter_in_the_config_reaches_the_engine():
     """[detection] carries the engine's tuning; none may be silently dropped."""
     import dataclasses

@@ -80,15 +80,18 @@ cdef Column as_column(values):
     return values if isinstance(values, Column) else Column(values)
 
 
-cdef uint64_t PAIR_STEP = 0xC2B2AE3D27D4EB4FULL
 cdef uint64_t PAIR_MULTIPLIER = 0x9E3779B97F4A7C15ULL
 
 
 def pair_first_seen(unsigned char[::1] current, const unsigned char[::1] previous,
                     uint64_t tenant_key, fingerprints, int shift):
     """``PairFilter.first_seen``'s loop: each (tenant, fingerprint) pair is three bits,
-    the top ``64 - shift`` bits of ``(pair + i * STEP) * MULTIPLIER`` for i = 0, 1, 2
-    (``pair = tenant_key ^ fp``), in two Bloom generations of equal size. A pair in
+    the top ``64 - shift`` bits of ``x + i * d`` for i = 0, 1, 2, where ``x = pair *
+    MULTIPLIER`` and ``d = mix64(pair) | 1`` (``pair = tenant_key ^ fp``): double
+    hashing, in two Bloom generations of equal size. The step is the pair's own: with
+    one step for all, two pairs that shared their first bit shared all three, and the
+    filter answered "seen" as often as a one-bit filter (~1e-3 of new pairs at 100,000
+    held, not ~1e-6), which made what turned common depend on the key. A pair in
     neither is recorded in ``current`` and its fingerprint returned, in order; a
     fingerprint given twice is new at most once. ``fingerprints``: a list of ints or a
     ``Column`` (an output's, read in place). The new ones: a ``Column``."""
@@ -96,7 +99,7 @@ def pair_first_seen(unsigned char[::1] current, const unsigned char[::1] previou
         raise ValueError("pair_first_seen: generations differ or the shift is out of range")
     if ((<uint64_t>-1) >> shift) >> 3 >= <uint64_t>current.shape[0]:
         raise ValueError("pair_first_seen: the generations are too short for the shift")
-    cdef uint64_t fp, pair, a, b, c
+    cdef uint64_t fp, pair, a, b, c, x, d
     cdef unsigned char am, bm, cm
     cdef Column new = Column()
     cdef Column column = as_column(fingerprints)
@@ -105,16 +108,19 @@ def pair_first_seen(unsigned char[::1] current, const unsigned char[::1] previou
     for i in range(n):
         if i + AHEAD < n:  # a new pair reads its first bit in both, then writes three
             pair = tenant_key ^ fps[i + AHEAD]
-            a = (pair * PAIR_MULTIPLIER) >> shift
-            prefetch(&previous[a >> 3])
-            prefetch_w(&current[a >> 3])
-            prefetch_w(&current[((pair + PAIR_STEP) * PAIR_MULTIPLIER) >> shift >> 3])
-            prefetch_w(&current[((pair + 2 * PAIR_STEP) * PAIR_MULTIPLIER) >> shift >> 3])
+            x = pair * PAIR_MULTIPLIER
+            d = mix64(pair) | 1
+            prefetch(&previous[(x >> shift) >> 3])
+            prefetch_w(&current[(x >> shift) >> 3])
+            prefetch_w(&current[((x + d) >> shift) >> 3])
+            prefetch_w(&current[((x + 2 * d) >> shift) >> 3])
         fp = fps[i]
         pair = tenant_key ^ fp
-        a = (pair * PAIR_MULTIPLIER) >> shift
-        b = ((pair + PAIR_STEP) * PAIR_MULTIPLIER) >> shift
-        c = ((pair + 2 * PAIR_STEP) * PAIR_MULTIPLIER) >> shift
+        x = pair * PAIR_MULTIPLIER
+        d = mix64(pair) | 1
+        a = x >> shift
+        b = (x + d) >> shift
+        c = (x + 2 * d) >> shift
         am, bm, cm = 1 << (a & 7), 1 << (b & 7), 1 << (c & 7)
         if (current[a >> 3] & am and current[b >> 3] & bm and current[c >> 3] & cm) or (
             previous[a >> 3] & am and previous[b >> 3] & bm and previous[c >> 3] & cm

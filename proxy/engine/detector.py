@@ -606,12 +606,14 @@ class Engine(_scan.EngineClock):
             observed=np.array(self.observed_requests),
             pairs_current=np.frombuffer(self.pairs.generations[0], np.uint8),
             pairs_previous=np.frombuffer(self.pairs.generations[1], np.uint8),
+            pairs_layout=np.array(self.pairs.LAYOUT),
         )
         os.replace(tmp, path)
 
     def load_commonness(self, path: str | os.PathLike) -> None:
         """Load a file written by ``save_commonness``. Raises ValueError when it was made
-        with another key or shingle size (its hashes would silently mean nothing)."""
+        with another key or shingle size (its hashes would silently mean nothing). A
+        pair filter saved with another bit layout (``PairFilter.LAYOUT``) is dropped."""
         with np.load(path) as data:
             if str(data["key_id"]) != self.hasher.key_id or int(data["k"]) != self.config.k:
                 raise ValueError(
@@ -622,7 +624,10 @@ class Engine(_scan.EngineClock):
             self.vocabulary.add_plain(data["plain"].tolist())
             if "observed" in data:
                 self.observed_requests += int(data["observed"])
-            if "pairs_current" in data:
+            # Pair bits of another layout would answer for other pairs: left out, the
+            # filter starts empty (a tenant's text seen before may count once more).
+            layout = int(data["pairs_layout"]) if "pairs_layout" in data else 1
+            if "pairs_current" in data and layout == self.pairs.LAYOUT:
                 self.pairs.load([data["pairs_current"].tobytes(), data["pairs_previous"].tobytes()])
 
     @property

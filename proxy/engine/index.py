@@ -337,6 +337,11 @@ class PairFilter:
     several tenants.
     """
 
+    #: How a pair's three bits are placed (``_tables.pair_first_seen``): saved with the
+    #: filter, and a saved filter of another layout is not loaded (1: one step for all
+    #: pairs, before 2026-12-06; 2: each pair's own step).
+    LAYOUT = 2
+
     def __init__(self, *, bits: int = 25, period: float = 3600.0) -> None:
         self._bits = bits
         self.period = period

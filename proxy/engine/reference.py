@@ -74,12 +74,14 @@ def pair_first_seen(
     current: bytearray, previous: bytearray, tenant_key: int, fingerprints: list[int], shift: int
 ) -> list[int]:
     """``_tables.pair_first_seen``: the unrolled Python loop the pair filter ran."""
-    step, mult, new = 0xC2B2AE3D27D4EB4F, 0x9E3779B97F4A7C15, []
+    mult, new = 0x9E3779B97F4A7C15, []
     for fp in fingerprints:
         pair = tenant_key ^ fp
-        a = ((pair * mult) & _MASK) >> shift
-        b = (((pair + step) * mult) & _MASK) >> shift
-        c = (((pair + 2 * step) * mult) & _MASK) >> shift
+        x = (pair * mult) & _MASK
+        d = _mix64(pair) | 1  # the pair's own step (double hashing)
+        a = x >> shift
+        b = ((x + d) & _MASK) >> shift
+        c = ((x + 2 * d) & _MASK) >> shift
         ai, am, bi, bm, ci, cm = a >> 3, 1 << (a & 7), b >> 3, 1 << (b & 7), c >> 3, 1 << (c & 7)
         if (current[ai] & am and current[bi] & bm and current[ci] & cm) or (
             previous[ai] & am and previous[bi] & bm and previous[ci] & cm
