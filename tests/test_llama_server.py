@@ -140,9 +140,11 @@ def workload(n: int = 48) -> list[Call]:
 
 
 def send(base: str, call: Call) -> tuple[dict | list[dict], bytes]:
-    """The parsed answer (a body, or a stream's chunks) and the raw bytes."""
+    """The parsed answer (a body, or a stream's chunks) and the raw bytes. The client
+    waits up to ten minutes: eight calls share four slots of two busy cores, and a
+    clean-clone CI beside other work timed out at 60 s."""
     client = openai.OpenAI(
-        base_url=f"{base}/v1", api_key=call.key, max_retries=0, timeout=60,
+        base_url=f"{base}/v1", api_key=call.key, max_retries=0, timeout=600,
         default_headers={"X-Request-ID": call.request_id},
     )  # fmt: skip
     api = client.chat.completions
