@@ -36,7 +36,16 @@ RESTART_DELAY = 1.0  # seconds before a dead detector process is replaced
 MAX_RESTARTS = 5  # replacements per run; a detector that keeps dying is left off
 
 
-class OnLoop:
+class _Live:
+    """Kept in ``flow.metadata`` (``PLACEMENT_KEY``), which mitmproxy copies into a
+    saved flow (``-w``, its save addon; crosstalk's capture): live state is never part
+    of a copy, as for the exchange's monitor."""
+
+    def __deepcopy__(self, memo: dict) -> None:
+        return None
+
+
+class OnLoop(_Live):
     """Detection on this event loop, with ``CrossTalk``'s engine."""
 
     elsewhere = False
@@ -162,7 +171,7 @@ class OnLoop:
         """Nothing runs apart from the event loop."""
 
 
-class InProcess:
+class InProcess(_Live):
     """Detection in a detector process: this one copies each exchange to it (its
     ``FlowMirror``) and passes the exchange on whatever the child does. The child is
     started in the background once mitmproxy runs, replaced when it dies (at most
