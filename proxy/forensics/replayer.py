@@ -464,15 +464,12 @@ class Replayer:
                 self._untenanted_inputs.add(record.origin)
                 self.sink.no_tenant(record)
         self.stats.exchanges += 1
-        monitor = ExchangeMonitor(
-            route=route,
-            tenant=tenant,
-            request_id=request_id,
-            scan=None,
-            on_findings=lambda m, found: self._found(m, found, record),
-            enforcement=None,
-            model=parsed.model if parsed else None,
-            prompt_chars=len(parsed.prompt) if parsed else 0,
+        monitor = ExchangeMonitor.begin(
+            route,
+            tenant,
+            request_id,
+            parsed,
+            lambda m, found: self._found(m, found, record),
             scan_batch_chars=self.config.policy.shadow_batch_chars,
             max_scan_chars=self.config.limits.max_scanned_output_chars,
         )

@@ -432,19 +432,17 @@ class CrossTalk:
             )
             # The gate cuts the stream into whole events: it needs plaintext bytes.
             flow.request.headers["accept-encoding"] = "identity"
-        monitor = ExchangeMonitor(
-            route=route,
-            tenant=tenant,
-            request_id=request_id,
-            scan=None,
-            on_findings=self._on_findings,
+        monitor = ExchangeMonitor.begin(
+            route,
+            tenant,
+            request_id,
+            parsed,
+            self._on_findings,
+            scan_batch_chars=self.config.policy.shadow_batch_chars,
+            max_scan_chars=self.config.limits.max_scanned_output_chars,
             enforcement=enforcement,
             on_block=lambda _: self._abort_upstream(flow),
-            model=parsed.model if parsed else None,
-            prompt_chars=len(parsed.prompt) if parsed else 0,
-            scan_batch_chars=self.config.policy.shadow_batch_chars,
             learning=learning,
-            max_scan_chars=self.config.limits.max_scanned_output_chars,
         )
         flow.metadata[METADATA_KEY] = monitor
         flow.metadata[PLACEMENT_KEY] = placement

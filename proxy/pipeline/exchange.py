@@ -28,7 +28,7 @@ from proxy.engine import Finding, ResponseScan
 from proxy.engine.tokens import words_in  # noqa: F401 -- part of this module's API
 from proxy.pipeline._monitor import MonitorFields, expose
 from proxy.pipeline.gate import StreamGate
-from proxy.protocols import ProtocolError, Route, StreamParserLike, as_route
+from proxy.protocols import ParsedRequest, ProtocolError, Route, StreamParserLike, as_route
 from proxy.protocols.decoding import Decoder, UnsupportedEncoding, stream_decoder
 from proxy.protocols.sse import SSEDecoder, SSEFramer
 from proxy.redaction import error_text
@@ -210,6 +210,40 @@ class ExchangeMonitor(MonitorFields):
 
     def __post_init__(self) -> None:
         self.route = as_route(self.route)
+
+    @classmethod
+    def begin(
+        cls,
+        route: Route,
+        tenant: str,
+        request_id: str,
+        parsed: ParsedRequest | None,
+        on_findings: FindingsCallback,
+        *,
+        scan_batch_chars: int,
+        max_scan_chars: int,
+        enforcement: Enforcement | None = None,
+        on_block: Callable[[ExchangeMonitor], None] | None = None,
+        learning: bool = False,
+    ) -> ExchangeMonitor:
+        """An exchange as the live proxy (``CrossTalk.request``) and a replay
+        (``forensics.replayer``) begin it: who and which request, what its parsed body
+        says (model, prompt size; nothing for a body that did not parse), and no scan
+        until its prompt is observed."""
+        return cls(
+            route=route,
+            tenant=tenant,
+            request_id=request_id,
+            scan=None,
+            on_findings=on_findings,
+            enforcement=enforcement,
+            on_block=on_block,
+            model=parsed.model if parsed else None,
+            prompt_chars=len(parsed.prompt) if parsed else 0,
+            scan_batch_chars=scan_batch_chars,
+            learning=learning,
+            max_scan_chars=max_scan_chars,
+        )
 
     def __deepcopy__(self, memo: dict) -> None:
         """Live state (the engine's scan, callbacks): never part of a copied or saved
