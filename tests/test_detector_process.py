@@ -281,3 +281,57 @@ def test_a_finished_copy_is_freed_without_the_cycle_collector(flags, released, l
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     assert int(out.stdout) == left
+
+
+class _Child:
+    """A detector process that takes every copy and answers nothing."""
+
+    def accepting(self) -> bool:
+        return True
+
+    def send(self, *message: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Proxy:
+    """What a placement asks of its ``CrossTalk``: here, the unscanned lines it logs."""
+
+    def __init__(self) -> None:
+        self.unscanned: list[tuple[str, str]] = []
+
+    def log_unscanned(self, flow, reason: str) -> None:
+        self.unscanned.append((flow.request.path, reason))
+
+
+def test_a_stopped_detector_s_exchanges_pass_on_and_are_logged_once_each():
+    """A reconfiguration stops the detector process with exchanges in its hands: the
+    one whose end it had is logged as unscanned at once; the one still streaming keeps
+    streaming (never buffered, though no mirror copies it), no hook of it reaches a
+    later child, and it is logged as unscanned at its end, once."""
+    from mitmproxy.test import tflow
+
+    from proxy.mitm.detector_process import MIRROR_KEY, FlowMirror
+    from proxy.mitm.placement import ENDED_KEY, InProcess
+
+    proxy = _Proxy()
+    placement = InProcess(proxy)  # type: ignore[arg-type]
+    placement.mirror = FlowMirror(_Child())  # type: ignore[arg-type]
+    ended, streaming = tflow.tflow(resp=True), tflow.tflow(resp=True)
+    ended.request.path, streaming.request.path = "/ended", "/streaming"
+    for flow in (ended, streaming):
+        assert placement.mirror.request(flow)
+    ended.metadata[ENDED_KEY] = True
+    placement.stop()
+    assert proxy.unscanned == [("/ended", "the detector process was stopped before logging it")]
+    assert MIRROR_KEY not in streaming.metadata
+    streaming.response.headers["content-type"] = "text/event-stream"
+    placement.responseheaders(streaming, None, True)  # type: ignore[arg-type]
+    assert streaming.response.stream is True
+    asyncio.run(placement.response(streaming, None))  # type: ignore[arg-type]
+    asyncio.run(placement.response(streaming, None))  # type: ignore[arg-type]
+    assert proxy.unscanned[1:] == [
+        ("/streaming", "the detector process was stopped before logging it")
+    ]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from mitmproxy import ctx, http
 
 from proxy.engine import Engine
-from proxy.mitm.detector_process import DetectorProcess, FlowMirror
+from proxy.mitm.detector_process import MIRROR_KEY, DetectorProcess, FlowMirror
 from proxy.pipeline.exchange import BLOCK_MESSAGE, FAILED_CLOSED_MESSAGE, ExchangeMonitor
 from proxy.protocols import ParsedRequest
 from proxy.redaction import error_text
@@ -31,9 +31,10 @@ if TYPE_CHECKING:
     from proxy.mitm.addon import CrossTalk
 
 UNSCANNED_KEY = "crosstalk.unscanned"  # why a flow's copy never reached the detector
+ENDED_KEY = "crosstalk.ended"  # the flow's end went to the detector process
 READY_TIMEOUT = 120.0  # seconds a detector process may take to load its state
 RESTART_DELAY = 1.0  # seconds before a dead detector process is replaced
-MAX_RESTARTS = 5  # replacements per run; a detector that keeps dying is left off
+MAX_RESTARTS = 5  # replacements per placement; a detector that keeps dying is left off
 
 
 class _Live:
@@ -201,20 +202,25 @@ class InProcess(_Live):
             flow.metadata[UNSCANNED_KEY] = "the detector process was lagging or gone"
 
     def responseheaders(self, flow: http.HTTPFlow, monitor: ExchangeMonitor, is_sse: bool) -> None:
+        if is_sse:
+            # Never buffered, copied or not: the mirror puts its copying step in place.
+            cast(http.Response, flow.response).stream = True
         if self.mirror is not None:
             self.mirror.responseheaders(flow, is_sse)
 
-    # An exchange whose child died (no mirror until its replacement) was logged as
-    # unscanned at the child's exit (``FlowMirror.orphans``).
+    # An exchange whose child died or was stopped before logging it: marked unscanned
+    # then, and logged so at its end, or at once if it had ended (``_let_go``).
 
     async def response(self, flow: http.HTTPFlow, monitor: ExchangeMonitor) -> None:
         assert flow.response is not None  # the response hook: mitmproxy has the response
+        flow.metadata[ENDED_KEY] = True
         if (reason := flow.metadata.pop(UNSCANNED_KEY, None)) is not None:
             self.crosstalk.log_unscanned(flow, reason)
         elif self.mirror is not None and (verdict := await self.mirror.response(flow)) is not None:
             flow.response.headers["x-crosstalk-verdict"] = verdict
 
     def error(self, flow: http.HTTPFlow, monitor: ExchangeMonitor) -> None:
+        flow.metadata[ENDED_KEY] = True
         if (reason := flow.metadata.pop(UNSCANNED_KEY, None)) is not None:
             self.crosstalk.log_unscanned(flow, reason)
         elif self.mirror is not None:
@@ -241,6 +247,11 @@ class InProcess(_Live):
             self.detector.send("reload", 0, None, time.monotonic())
 
     def stop(self) -> None:
+        """Close the child (a reconfiguration, a replacement, the proxy's end). The
+        exchanges it has not logged pass on unscanned, and say so at their end."""
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()  # its ``ready`` wait would stop the proxy later
+        self._let_go("the detector process was stopped before logging it")
         if self.detector is not None:
             self.detector.close()
         self.detector = self.mirror = None
@@ -284,11 +295,7 @@ class InProcess(_Live):
                 self.mirror.logged(detail)
             return
         if event == "exited":
-            if self.mirror is not None:
-                for flow in self.mirror.orphans():
-                    self.crosstalk.log_unscanned(
-                        flow, f"the detector process {detail} before logging it"
-                    )
+            self._let_go(f"the detector process {detail} before logging it")
             restart = self.crosstalk.running_now and self._restarts < MAX_RESTARTS
             then = f"replaced in {RESTART_DELAY:g} s" if restart else "detection stays off"
             log.error(
@@ -308,6 +315,18 @@ class InProcess(_Live):
         elif event == "caught_up":
             assert self.mirror is not None  # set while its detector runs (_start)
             log.info("detector.caught_up", backlog_bytes=detail, skipped=self.mirror.skipped)
+
+    def _let_go(self, reason: str) -> None:
+        """The exchanges the child will never log: those that ended are logged now as
+        unscanned; the others pass on, and are logged so at their end."""
+        if self.mirror is None:
+            return
+        for flow in self.mirror.orphans():
+            flow.metadata.pop(MIRROR_KEY, None)  # a replacement would take it for another
+            if flow.metadata.get(ENDED_KEY):
+                self.crosstalk.log_unscanned(flow, reason)
+            else:
+                flow.metadata[UNSCANNED_KEY] = reason
 
     def _replace(self) -> None:
         """A fresh child (its engine starts from the state file or journal, if any)."""
