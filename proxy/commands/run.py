@@ -87,4 +87,15 @@ def main(args: argparse.Namespace) -> int:
     sim = SimConfig(
         token_delay=args.sim_token_delay, leak_rate=args.sim_leak_rate, truth_path=args.sim_truth
     )
-    return asyncio.run(serve(RunRequest(config, args.config, sim, capture=args.capture)))
+    given = {
+        "crosstalk_mode": args.mode,
+        "crosstalk_log_file": args.log_file,
+        "crosstalk_log_level": args.log_level,
+        "crosstalk_log_format": args.log_format,
+        "crosstalk_journal": args.journal,
+        "crosstalk_index": args.index,
+    }
+    options = {name: str(value) for name, value in given.items() if value is not None}
+    return asyncio.run(
+        serve(RunRequest(config, args.config, sim, capture=args.capture, options=options))
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mitmproxy import options
 from mitmproxy.tools.dump import DumpMaster
@@ -27,6 +27,9 @@ class RunRequest:
     config_path: str | None
     sim: SimConfig | None = None  # settings of the built-in simulator, if one is started
     capture: str | None = None  # flow file the proxied traffic is appended to
+    # The addon's options given on the command line (``crosstalk_mode``, ...): they
+    # override the file at start and at every reload; what the file says is read anew.
+    options: dict[str, str] = field(default_factory=dict)
 
 
 class _ReadyBanner:
@@ -129,12 +132,7 @@ async def serve(request: RunRequest) -> int:
     try:
         master.options.update(
             crosstalk_config=request.config_path or "",
-            crosstalk_mode=cfg.proxy.mode,
-            crosstalk_log_file=cfg.proxy.log_file,
-            crosstalk_log_level=cfg.proxy.log_level,
-            crosstalk_log_format=cfg.proxy.log_format,
-            crosstalk_journal=cfg.journal.directory,
-            crosstalk_index=cfg.index.url,
+            **request.options,
             crosstalk_metrics_port=cfg.metrics.port,
             crosstalk_metrics_host=cfg.metrics.host,
         )
