@@ -12,7 +12,6 @@ from typing import Any
 
 from mitmproxy import ctx, http
 
-CROSSTALK = "crosstalk"  # the CrossTalk addon's name in mitmproxy's addon manager
 METADATA_KEY = "crosstalk"  # CrossTalk's ExchangeMonitor in flow.metadata
 # Whether the request's tenant claims count (TenantRules.trusts), decided where the
 # client connected: a detector process sees only a copy, without peer or gateway secret.

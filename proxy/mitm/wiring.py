@@ -6,7 +6,7 @@ limits first (a refused request never gets a monitor), ``CrossTalk`` (it creates
 flow's monitor, which the others read), then
 prevention (its stream transform runs after the scan and enforce mode's gate), the
 degenerate signal, metrics and OpenTelemetry export. Each side addon is given the
-``CrossTalk`` it serves: its configuration, log and counters, and ``detection.elsewhere``.
+``CrossTalk`` it serves: its configuration, log and counters, and ``placement.elsewhere``.
 """
 
 from __future__ import annotations
