@@ -486,12 +486,11 @@ class Engine(_scan.EngineClock):
             turns_known=record.turns_known,
         )
         value = slot << 1
-        kept = private
         if model_fps:  # earlier assistant turns: indexed as this request's output
-            self.index.add_many([fp for fp in kept if fp not in model_fps], value, now)
-            self.index.add_many([fp for fp in kept if fp in model_fps], value | 1, now)
+            self.index.add_many([fp for fp in private if fp not in model_fps], value, now)
+            self.index.add_many([fp for fp in private if fp in model_fps], value | 1, now)
         else:
-            self.index.add_many(kept, value, now)
+            self.index.add_many(private, value, now)
         for kind, entity_id in record.entities:
             if kind == MODEL_NAME or entity_id in self._baseline_entities:
                 continue
