@@ -318,8 +318,11 @@ class CommonnessSketch:
         )
 
     def _decay(self, now: float) -> None:
+        # Halvings fall on whole multiples of the half-life (epoch time), not on times
+        # counted from this engine's first event: two engines that saw the same recent
+        # traffic agree, whenever each began (a partition of a replay, a restarted proxy).
         if self._last_decay is None:
-            self._last_decay = now
+            self._last_decay = now - now % self.half_life
         elif now - self._last_decay >= self.half_life:
             halvings = int((now - self._last_decay) // self.half_life)
             self._counts >>= min(halvings, 16)  # in place: _flat stays valid
@@ -374,11 +377,15 @@ class PairFilter:
         )
 
     def _rotate(self, now: float) -> None:
+        # Rotations fall on whole multiples of the period (as the sketch's halvings).
         if self._started is None:
-            self._started = now
+            self._started = now - now % self.period
         elif now - self._started >= self.period:
-            self.generations = [_zeroed(len(self.generations[0])), self.generations[0]]
-            self._started = now
+            periods = int((now - self._started) // self.period)
+            size = len(self.generations[0])
+            kept = self.generations[0] if periods == 1 else _zeroed(size)
+            self.generations = [_zeroed(size), kept]
+            self._started += periods * self.period
 
     def load(self, generations: list[bytes]) -> None:
         """OR a saved filter's generations into this one's. Only the bytes that have a
