@@ -75,6 +75,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="records sorted per file before the merge (default 1024, and at most 64 MB of "
         "bodies): a file may be this many records out of time order",
     )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="replay in N time partitions, one process each (each replays the window "
+        "before its start as warm-up; docs/forensics.md, 'Replay on every core')",
+    )
+    p.add_argument(
+        "--warm-up",
+        metavar="SECONDS",
+        help="with --jobs/--ray: traffic before each partition replayed, unreported, to "
+        "warm its engine: seconds or 30m, 2h (default: two half-lives of the commonness "
+        "sketch, at least the window)",
+    )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        default=None,
+        metavar="ADDRESS",
+        help="run the partitions as Ray tasks on the cluster at ADDRESS (without one: a "
+        "Ray of this machine); one partition a CPU unless --jobs says; needs the ray extra",
+    )
+    p.add_argument(
+        "--ray-ship",
+        action="store_true",
+        help="send the inputs to the Ray workers (default: they read the paths given, "
+        "which must be on a file system every node sees)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress line on a terminal")
 
 
@@ -85,6 +115,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         window = parse_window(args.window) if args.window else None
+        warm_up = parse_window(args.warm_up) if args.warm_up else None
         config = load(args.config, detection__window_seconds=window)
         if args.tenant_pattern and not args.tenant_from:
             raise ValueError("--tenant-pattern needs --tenant-from FIELD")
@@ -114,6 +145,10 @@ def main(args: argparse.Namespace) -> int:
         progress=not args.no_progress and sys.stderr.isatty(),
         tenant_from=tenant_from,
         max_log_len=args.max_log_len,
+        jobs=args.jobs,
+        warm_up=warm_up,
+        ray=args.ray,
+        ray_ship=args.ray_ship,
     )
     try:
         outcome = run_job(job)

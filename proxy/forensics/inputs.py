@@ -119,6 +119,10 @@ class InputFile:
     #: The engine's log cut text at this many characters without a marker (vLLM's
     #: ``--max-log-len``): text of exactly that length counts as cut.
     max_log_len: int | None = None
+    #: Where a reader of one record a line starts (a partition's worker, seeked there):
+    #: the byte offset of a line and its number.
+    first_offset: int = 0
+    first_line: int = 1
 
     @property
     def name(self) -> str:
@@ -213,9 +217,12 @@ def read_json_lines(
 
 
 def numbered_lines(source: InputFile) -> Iterator[tuple[int, int, bytes]]:
-    """``(line number, byte offset, line)`` of every line that is not blank."""
-    offset = 0
-    for number, line in enumerate(source.stream, 1):
+    """``(line number, byte offset, line)`` of every line that is not blank, from
+    ``source.first_offset`` on."""
+    offset = source.first_offset
+    if offset:
+        source.stream.seek(offset)
+    for number, line in enumerate(source.stream, source.first_line):
         start, offset = offset, offset + len(line)
         if line and not line.isspace():  # strip()'s test, without a copy of the line
             yield number, start, line

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from proxy.config import Config
 from proxy.engine import Engine, Finding
@@ -22,6 +23,7 @@ from proxy.engine.ordered_replay import RecordReplayer, ReplayedFinding
 from proxy.engine.records import OutputRecord
 from proxy.eventlog import make_logger
 from proxy.factory import build_engine, tenant_rules
+from proxy.forensics.partitions import Partition
 from proxy.forensics.readers import (
     LOG_FORMATS,
     InputError,
@@ -111,6 +113,10 @@ class ReplayJob:
     progress: bool = False  # draw a progress line on stderr
     tenant_from: TenantFrom = field(default_factory=TenantFrom)  # --tenant-from, --tenant-pattern
     max_log_len: int | None = None  # the engine's --max-log-len (text of that length is cut)
+    jobs: int = 1  # --jobs: time partitions replayed by this many processes
+    warm_up: float | None = None  # --warm-up: seconds replayed before a partition
+    ray: str | None = None  # --ray [ADDRESS]: partitions as Ray tasks ("": a local Ray)
+    ray_ship: bool = False  # --ray-ship: inputs go to the workers through Ray's object store
 
 
 @dataclass
@@ -126,15 +132,29 @@ class JobError(Exception):
     """The job cannot run: unusable arguments or unreadable input (exit status 2)."""
 
 
+class FindingBook(Protocol):
+    """Where findings go besides the log: the incident book (``IncidentBook``), or a
+    partition's list of them for the book of the whole replay."""
+
+    def add(self, event: dict[str, Any], when: float) -> None: ...
+
+
 class EventSink:
     """The replayer's reports, as the live proxy's: ``leak.detected`` events (with
     ``action: "replayed"`` and the recorded time), ``detector.error``, plus replay's own
     ``replay.skipped`` / ``replay.failed``; findings also go to the incident book."""
 
-    def __init__(self, log: Any, book: IncidentBook, progress: Progress | None) -> None:
+    def __init__(
+        self,
+        log: Any,
+        book: FindingBook,
+        progress: Progress | None,
+        reports_skip: Callable[[Skipped], bool] | None = None,
+    ) -> None:
         self.log = log
         self.book = book
         self.progress = progress
+        self.reports_skip = reports_skip  # a partition's: is an unreadable record its own?
         self.skipped: list[Skipped] = []
         self.skipped_count = 0
 
@@ -214,6 +234,8 @@ class EventSink:
         self.log.error("replay.failed", capture=position, reason=reason)
 
     def skip(self, skipped: Skipped) -> None:
+        if self.reports_skip is not None and not self.reports_skip(skipped):
+            return
         self.skipped_count += 1
         if len(self.skipped) < 100:
             self.skipped.append(skipped)
@@ -228,6 +250,23 @@ class EventSink:
         print(f"crosstalk replay: skipped {skipped.position}: {skipped.reason}", file=sys.stderr)
 
 
+def open_sources(
+    paths: list[str], job: ReplayJob, formats: list[str] | None = None
+) -> list[InputFile]:
+    """``paths`` opened for replay (in ``formats`` when known, else ``job.fmt``). Raises
+    JobError, with every file it opened closed again."""
+    sources: list[InputFile] = []
+    try:
+        for i, path in enumerate(paths):
+            fmt = formats[i] if formats else job.fmt
+            sources.append(open_input(path, fmt, job.tenant_from, job.max_log_len))
+    except InputError as e:
+        for source in sources:
+            source.close()
+        raise JobError(str(e)) from e
+    return sources
+
+
 def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
     """Open every input and the event log up front, so that bad arguments or an
     unreadable file stop the job before anything is replayed. Raises JobError.
@@ -239,6 +278,16 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
         raise JobError("--sort-buffer must be >= 1")
     if job.max_log_len is not None and job.max_log_len < 1:
         raise JobError("--max-log-len must be >= 1")
+    if job.jobs < 1:
+        raise JobError("--jobs must be >= 1")
+    if job.warm_up is not None and job.warm_up < job.config.detection.window_seconds:
+        raise JobError(
+            f"--warm-up must be at least the detection window "
+            f"({job.config.detection.window_seconds:g} s): a partition's engine must "
+            "hold what the serial replay's holds at its start"
+        )
+    if job.ray_ship and job.ray is None:
+        raise JobError("--ray-ship ships the inputs to Ray's workers: give --ray too")
     if job.state not in (None, "none") and not Path(job.state).is_file():
         raise JobError(f"--state {job.state}: no such file")
     journals = [p for p in job.paths if journal.is_journal(p)]
@@ -248,14 +297,12 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
             "(the engine replays its own records, captures go through the proxy's path): "
             "replay them separately"
         )
-    sources: list[InputFile] = []
-    try:
-        for path in [] if journals else job.paths:
-            sources.append(open_input(path, job.fmt, job.tenant_from, job.max_log_len))
-    except InputError as e:
-        for source in sources:
-            source.close()
-        raise JobError(str(e)) from e
+    if journals and (job.jobs > 1 or job.ray is not None):
+        raise JobError(
+            "--jobs and --ray cut captured traffic and logs into time partitions; "
+            "fingerprint journals replay in one process: drop --jobs/--ray"
+        )
+    sources = [] if journals else open_sources(job.paths, job)
     captures = [s.name for s in sources if s.format not in LOG_FORMATS]
     if job.tenant_from.fields and (captures or journals):
         for source in sources:
@@ -273,48 +320,83 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
     return sources, log
 
 
-def run_job(job: ReplayJob) -> ReplayOutcome:
-    """Replay ``job``'s inputs, log the findings and write the report."""
-    sources, log = prepare(job)
-    started = time.monotonic()
+def start_engine(job: ReplayJob, log: Any) -> Engine:
+    """The engine the live proxy would have: ``job``'s config, its learned state loaded
+    read only (replay never writes it); what became of the state is logged."""
     engine = build_engine(job.config)
-    rules = tenant_rules(job.config, engine.hasher.key)
     state = job.config.detection.state_file if job.state is None else job.state
     if state and state != "none":
         try:
-            engine.load_commonness(state)  # read only: replay never writes the state
+            engine.load_commonness(state)
             log.info("state.loaded", path=state)
         except FileNotFoundError:
             log.info("state.absent", path=state, detail="replaying from a cold engine")
         except (OSError, ValueError, KeyError) as e:
             log.warning("state.unusable", path=state, reason=str(e))
-    engine_config = engine.config
+    return engine
+
+
+def replay_sources(
+    job: ReplayJob,
+    engine: Engine,
+    sources: list[InputFile],
+    sink: EventSink,
+    on_progress: Callable[[ReplayStats], None] | None = None,
+    partition: Partition | None = None,
+) -> ReplayStats:
+    """``sources`` merged in time order through a ``Replayer`` (all of them, or what
+    ``partition`` replays, reporting its own span); closes them."""
+    rules = tenant_rules(job.config, engine.hasher.key)
+    reported = None if partition is None else (partition.start, partition.end)
+    replayer = Replayer(engine, rules, job.config, sink, on_progress=on_progress, reported=reported)
+    try:
+        streams = [read_records(s, sink.skip) for s in sources]
+        records = merge_inputs(streams, job.sort_buffer)
+        return replayer.run(records if partition is None else partition.records(records))
+    finally:
+        if on_progress is not None:
+            on_progress(replayer.stats)
+        for source in sources:
+            source.close()
+
+
+def run_job(job: ReplayJob) -> ReplayOutcome:
+    """Replay ``job``'s inputs, log the findings and write the report."""
+    sources, log = prepare(job)
+    started = time.monotonic()
+    engine = start_engine(job, log)
+    engine_config, key_id = engine.config, engine.hasher.key_id
     log.info(
         "replay.started",
         inputs=[f"{s.name} ({s.format})" for s in sources] or [f"{p} (journal)" for p in job.paths],
-        key_id=engine.hasher.key_id,
+        key_id=key_id,
         k=engine_config.k,
         window_seconds=engine_config.window_seconds,
+        **({"jobs": job.jobs} if job.jobs > 1 else {}),
+        **({"ray": job.ray or "local"} if job.ray is not None else {}),
     )
     book = IncidentBook()
     if not sources:
         sink = EventSink(log, book, None)
         stats = replay_journal(job.paths, engine, sink)
+        skipped_count, skipped = sink.skipped_count, sink.skipped
+    elif job.jobs > 1 or job.ray is not None:
+        from proxy.forensics.parallel import replay_partitioned
+
+        del engine  # each worker builds its own
+        merged = replay_partitioned(job, sources, log, book)
+        stats, skipped_count, skipped = merged.stats, merged.skipped_count, merged.skipped
     else:
         progress = Progress(sys.stderr, sources) if job.progress else None
         sink = EventSink(log, book, progress)
-        replayer = Replayer(
-            engine, rules, job.config, sink, on_progress=progress.update if progress else None
-        )
         try:
-            streams = [read_records(s, sink.skip) for s in sources]
-            stats = replayer.run(merge_inputs(streams, job.sort_buffer))
+            stats = replay_sources(
+                job, engine, sources, sink, progress.update if progress else None
+            )
         finally:
             if progress is not None:
-                progress.update(replayer.stats, force=True)
                 progress.clear()
-            for source in sources:
-                source.close()
+        skipped_count, skipped = sink.skipped_count, sink.skipped
     seconds = time.monotonic() - started
     summary = {
         "inputs": [s.name for s in sources] or list(job.paths),
@@ -333,10 +415,10 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
             for k, v in asdict(stats).items()
             if k not in ("first_time", "last_time", "per_input")
         },
-        "skipped": sink.skipped_count,
-        "skipped_records": [{"position": s.position, "reason": s.reason} for s in sink.skipped],
+        "skipped": skipped_count,
+        "skipped_records": [{"position": s.position, "reason": s.reason} for s in skipped],
         "window_seconds": engine_config.window_seconds,
-        "key_id": engine.hasher.key_id,
+        "key_id": key_id,
         "seconds": round(seconds, 3),
     }
     log.info("replay.finished", **{k: v for k, v in summary.items() if k != "skipped_records"})
@@ -345,7 +427,7 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
         for path in job.reports:
             write_report(path, report)
     empty = [s.name for s in sources if s.name not in stats.per_input]
-    return ReplayOutcome(stats, sink.skipped_count, len(book.incidents), seconds, empty)
+    return ReplayOutcome(stats, skipped_count, len(book.incidents), seconds, empty)
 
 
 def replay_journal(paths: list[str], engine: Engine, sink: EventSink) -> ReplayStats:

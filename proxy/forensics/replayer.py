@@ -188,6 +188,19 @@ class ReplaySink(Protocol):
     def failure(self, position: str, reason: str) -> None: ...
 
 
+class _Silent:
+    """The sink of warm-up and tail records: replayed for what the engine learns of
+    them, reported by the partition whose span holds them."""
+
+    def finding(self, *args: object) -> None:
+        pass
+
+    no_tenant = detector_error = unrecorded = degenerate = failure = finding
+
+
+SILENT: ReplaySink = _Silent()
+
+
 def time_ordered[R: ReplayRecord](
     records: Iterable[R], buffer: int = DEFAULT_SORT_BUFFER, max_bytes: int = SORT_BUFFER_BYTES
 ) -> Iterator[R]:
@@ -268,25 +281,32 @@ class Replayer:
         sink: ReplaySink,
         *,
         on_progress: Callable[[ReplayStats], None] | None = None,
+        reported: tuple[float, float] | None = None,
     ) -> None:
+        """``reported``: replay every record, but report (sink, ``stats``) only those whose
+        time lies in ``[start, end)``; the others are warm-up and tail of a partition
+        (``proxy.forensics.partitions``) and are counted in ``quiet_stats``."""
         self.engine = engine
         self.rules = rules
         self.config = config
         self.sink = sink
         self.on_progress = on_progress
         self.stats = ReplayStats()
+        self.quiet_stats = ReplayStats()
+        self.reported = reported
         self.clock = 0.0  # recorded time of the step being run
         self._pending: list[tuple[float, int, Iterator[float], str]] = []
+        self._quiet_positions: set[str] = set()
         self._seq = itertools.count()
         self._partial_sources: OrderedDict[str, str] = OrderedDict()
         self._untenanted_inputs: set[str] = set()
 
     def run(self, records: Iterable[ReplayRecord]) -> ReplayStats:
         """Replay ``records`` (time-ordered, e.g. from ``merge_inputs``) to the end."""
-        stats = self.stats
         latest = float("-inf")
-        for record in records:
+        for count, record in enumerate(records, 1):
             self._advance(record.time)
+            stats = self._ledger(record.time)[0]
             if record.time < latest:
                 stats.late += 1
             latest = max(latest, record.time)
@@ -294,14 +314,26 @@ class Replayer:
             stats.records += 1
             if stats.first_time is None:
                 stats.first_time = record.time
+            stats.last_time = (
+                record.time if stats.last_time is None else max(stats.last_time, record.time)
+            )
+            if stats is self.quiet_stats:
+                self._quiet_positions.add(record.position)
             self._start(record.steps(self), record.position)
-            if self.on_progress is not None and stats.records % 64 == 0:
-                self.on_progress(stats)
+            if self.on_progress is not None and count % 64 == 0:
+                self.on_progress(self.stats)
         self._advance(float("inf"))
-        stats.last_time = latest if stats.records else None
         if self.on_progress is not None:
-            self.on_progress(stats)
-        return stats
+            self.on_progress(self.stats)
+        return self.stats
+
+    def _ledger(self, when: float) -> tuple[ReplayStats, ReplaySink]:
+        """Where a record at ``when`` is counted and reported: the replay's own stats and
+        sink, or (outside ``reported``) the quiet ones."""
+        span = self.reported
+        if span is None or span[0] <= when < span[1]:
+            return self.stats, self.sink
+        return self.quiet_stats, SILENT
 
     def _advance(self, until: float) -> None:
         """Run every pending step due at or before ``until``, in time order. A stream
@@ -321,8 +353,11 @@ class Replayer:
             except StopIteration:
                 pass  # the stream ended: nothing to queue
             except Exception as e:  # noqa: BLE001 -- one broken record never ends a replay
-                self.stats.failures += 1
-                self.sink.failure(position, error_text(e))
+                if position in self._quiet_positions:
+                    self.quiet_stats.failures += 1
+                else:
+                    self.stats.failures += 1
+                    self.sink.failure(position, error_text(e))
             else:
                 if when <= until:
                     when, _, steps, position = heapq.heappushpop(
@@ -346,28 +381,29 @@ class Replayer:
         """The addon's sequence: ``request`` (tenant, request id, observe the prompt at
         the request's time), ``responseheaders`` + stream chunks (SSE), or ``response``
         (a buffered body, at its last byte), or ``error``."""
-        begun = self._begin(record)
+        stats, sink = self._ledger(record.time)
+        begun = self._begin(record, stats, sink)
         if begun is None:
             return
         monitor, untenanted = begun
-        seen = self.stats.per_input.setdefault(record.origin, InputStats())
+        seen = stats.per_input.setdefault(record.origin, InputStats())
         seen.exchanges += 1
         whole = True
         missing = record.unrecorded()
         if missing is not None:
-            self.stats.unrecorded += 1
+            stats.unrecorded += 1
             seen.unrecorded += 1
             whole = False
-            self.sink.unrecorded(monitor, record, missing)
+            sink.unrecorded(monitor, record, missing)
         if record.partial is not None:
-            self.stats.partial += 1
+            stats.partial += 1
             seen.partial += 1
             whole = False
             self._remember_partial(monitor.request_id, record.partial)
         if untenanted:
             seen.untenanted += 1
             whole = False
-        watch = self._watch_degenerate(monitor, record)
+        watch = self._watch_degenerate(monitor, record, stats, sink)
         response = record.response
         if response is None:
             yield record.end if record.end is not None else record.time
@@ -398,14 +434,14 @@ class Replayer:
         if monitor.scan_capped and record.partial is None:
             # Past limits.max_scanned_output_chars the live proxy scans nothing: neither
             # does its replay, and the rest of the output was not looked at.
-            self.stats.partial += 1
+            stats.partial += 1
             seen.partial += 1
             whole = False
         if monitor.detector_error is not None:
-            self.stats.detector_errors += 1
+            stats.detector_errors += 1
             seen.detector_errors += 1
             whole = False
-            self.sink.detector_error(monitor, record)
+            sink.detector_error(monitor, record)
         seen.complete += whole
         if watch is not None:
             watch.finish()
@@ -417,27 +453,29 @@ class Replayer:
             kept.popitem(last=False)
 
     def _watch_degenerate(
-        self, monitor: ExchangeMonitor, record: ExchangeRecord
+        self, monitor: ExchangeMonitor, record: ExchangeRecord, stats: ReplayStats, sink: ReplaySink
     ) -> ExchangeWatch | None:
         """The live proxy's degenerate-output signal, on the replayed output."""
         if not self.config.degenerate.enabled:
             return None
 
         def on_trip(reason: str, choice: int) -> None:
-            self.stats.degenerate += 1
-            self.sink.degenerate(monitor, record, reason, choice)
+            stats.degenerate += 1
+            sink.degenerate(monitor, record, reason, choice)
 
         watch = ExchangeWatch(on_trip)
         monitor.on_delta = watch.feed
         return watch
 
-    def _begin(self, record: ExchangeRecord) -> tuple[ExchangeMonitor, bool] | None:
+    def _begin(
+        self, record: ExchangeRecord, stats: ReplayStats, sink: ReplaySink
+    ) -> tuple[ExchangeMonitor, bool] | None:
         """The addon's ``request`` hook, in shadow mode: the monitor, and whether the
         input named no tenant for it; None when the exchange is not scanned (not an LLM
         call, or no tenant with ``unknown = "reject"``)."""
         route = route_for(record.method, record.path)
         if route is None:
-            self.stats.passthrough += 1
+            stats.passthrough += 1
             return None
         headers = record.headers
         has_id = (headers.get("x-request-id") or "").strip()
@@ -445,7 +483,7 @@ class Replayer:
         try:
             parsed = route.parse_request(record.body)
         except ProtocolError:
-            self.stats.unparsed += 1
+            stats.unparsed += 1
             parsed = None
         tenant = record.tenant or resolve_tenant(
             self.rules, headers, parsed.user if parsed else None
@@ -453,23 +491,23 @@ class Replayer:
         untenanted = tenant is None and record.tenant_missing is not None
         if tenant is None:
             if self.config.tenants.unknown == "reject" and not untenanted:
-                self.stats.rejected += 1
+                stats.rejected += 1
                 return None
             tenant = "anonymous"
         if untenanted:
             # A log without a tenant field: its exchanges are all one tenant to the
             # engine, so a leak between two of them cannot be seen. Counted, never clean.
-            self.stats.untenanted += 1
+            stats.untenanted += 1
             if record.origin not in self._untenanted_inputs:
                 self._untenanted_inputs.add(record.origin)
-                self.sink.no_tenant(record)
-        self.stats.exchanges += 1
+                sink.no_tenant(record)
+        stats.exchanges += 1
         monitor = ExchangeMonitor.begin(
             route,
             tenant,
             request_id,
             parsed,
-            lambda m, found: self._found(m, found, record),
+            lambda m, found: self._found(m, found, record, stats, sink),
             scan_batch_chars=self.config.policy.shadow_batch_chars,
             max_scan_chars=self.config.limits.max_scanned_output_chars,
         )
@@ -488,10 +526,15 @@ class Replayer:
         return monitor, untenanted
 
     def _found(
-        self, monitor: ExchangeMonitor, findings: list[Finding], record: ExchangeRecord
+        self,
+        monitor: ExchangeMonitor,
+        findings: list[Finding],
+        record: ExchangeRecord,
+        stats: ReplayStats,
+        sink: ReplaySink,
     ) -> None:
         for finding in findings:
-            self.stats.findings += 1
+            stats.findings += 1
             partial = [f"victim: {record.partial}"] if record.partial else []
             if not record.body_recorded:
                 # Its output was scanned alone: another tenant's answer to the same
@@ -499,4 +542,4 @@ class Replayer:
                 partial.append("victim: no prompt in the input, its answer compared alone")
             if (cut := self._partial_sources.get(finding.source_request_id)) is not None:
                 partial.append(f"source: {cut}")
-            self.sink.finding(monitor, finding, self.clock, record, partial)
+            sink.finding(monitor, finding, self.clock, record, partial)
