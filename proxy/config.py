@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,12 @@ class IndexSection:
     timeout_seconds: float = 1.0  # one Redis call slower than this: degraded
     load_timeout_seconds: float = 30.0  # start: load the window for at most this long
     reconnect_max_seconds: float = 5.0  # backoff ceiling between reconnection attempts
+    # Cache domains: which upstreams share a KV cache (one engine, or a pool behind a
+    # shared cache), { "pool-a" = ["http://10.0.0.1:8000", ...] }. A replica publishes to
+    # and reads only its upstream's domain (stream STREAM:DOMAIN); an upstream in no
+    # domain, or no domains at all: the one default domain (stream STREAM), as before.
+    domains: dict[str, list] = field(default_factory=dict)
+    domain: str = ""  # this replica's domain by name, whatever its upstream
 
 
 @dataclass(frozen=True, slots=True)
@@ -492,6 +499,25 @@ def _validate_index(index: IndexSection, key: str) -> None:
         raise ConfigError("index.outbox_records must be >= 1")
     if min(index.timeout_seconds, index.load_timeout_seconds, index.reconnect_max_seconds) <= 0:
         raise ConfigError("index: timeout_seconds, load_timeout_seconds, reconnect_max_seconds > 0")
+    named = [index.domain, *index.domains] if index.domain else list(index.domains)
+    for name in named:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise ConfigError(
+                f"index domain {name!r}: letters, digits, '_', '.', '-' (at most 64): it "
+                "names a Redis stream"
+            )
+    seen: dict[str, str] = {}
+    for name, upstreams in index.domains.items():
+        if not isinstance(upstreams, list) or not all(isinstance(u, str) for u in upstreams):
+            raise ConfigError(f"index.domains.{name} must be a list of upstream URLs")
+        for url in upstreams:
+            normal = url.strip().lower().rstrip("/")
+            if normal in seen and seen[normal] != name:
+                raise ConfigError(
+                    f"index.domains: upstream {url!r} is in {seen[normal]!r} and {name!r}: a "
+                    "cache is shared within one domain"
+                )
+            seen[normal] = name
 
 
 def journal_settings(config: Config) -> JournalSettings | None:

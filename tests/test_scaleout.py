@@ -51,7 +51,7 @@ from conftest import (
 from pki import issue, make_ca
 from traffic import Result, judge, load_truth, send
 
-from proxy.config import load
+from proxy.config import ConfigError, load
 from proxy.engine.ordered_replay import RecordReplayer
 from proxy.engine.records import OutputRecord, PromptRecord
 from proxy.eventlog import make_logger
@@ -59,7 +59,7 @@ from proxy.factory import build_engine
 from proxy.sim.answers import answer_for
 from proxy.sim.workload import SimRequest, Workload
 from proxy.store.journal import decode
-from proxy.store.redis_index import OriginIngester, SharedIndex, settings_from
+from proxy.store.redis_index import OriginIngester, SharedIndex, domain_of, settings_from
 
 # -- a real redis-server ---------------------------------------------------------------------
 
@@ -519,7 +519,9 @@ class Replica:
         return [e for e in read_events(self.log) if name is None or e["event"] == name]
 
 
-def replica_config(tmp: Path, name: str, warm_state: Path, url: str | None) -> Path:
+def replica_config(
+    tmp: Path, name: str, warm_state: Path, url: str | None, index_extra: str = ""
+) -> Path:
     """Each replica: the shared key, its own copy of the learned state, the index
     (``url`` None: given by ``--index`` instead). Its detector process keeps the
     proxy's CPU priority: three replicas on this 2-core machine would starve a niced
@@ -532,6 +534,7 @@ def replica_config(tmp: Path, name: str, warm_state: Path, url: str | None) -> P
         f'[detection]\nkey = "{TEST_KEY}"\nstate_file = "{root / "state.npz"}"\n'
         + (f'[index]\nurl = "{url}"\n' if url else "[index]\n")
         + f'replica_name = "{name}"\ntimeout_seconds = 2.0\nreconnect_max_seconds = 0.5\n'
+        + index_extra
         + "[policy]\nshadow_detector_nice = 0\n"
     )
     return cfg
@@ -672,6 +675,97 @@ def test_three_replicas_find_leaks_across_replicas(tmp_path, warm_state, redis_s
         others = sum(1 for rid, r in replica_of.items() if r != i)
         assert s["index_ingested"] == 2 * others, stopped
         assert s["index_dropped"] == 0 and s["outbox"] == 0
+
+
+def test_cache_domains_keep_each_replica_to_its_domain(tmp_path, warm_state, redis_server_bin):
+    """Two engines that share no cache (two simulators: each mixes only its own
+    requests), two replicas in front of each, ``[index.domains]`` naming which upstream
+    is in which domain. Each replica publishes to and ingests only its own domain's
+    stream: exactly the records of the other replica of its domain, none of the other
+    domain's; and the leaks inside each domain, across its two replicas, are still found
+    with their sources."""
+    with (
+        redis_server(redis_server_bin, tmp_path) as server,
+        run_sim(tmp_path, *SIM_ARGS) as sim_a,
+        run_sim(tmp_path, *SIM_ARGS[:-1], "12") as sim_b,
+    ):
+        domains = f'[index.domains]\na = ["{sim_a.url}"]\nb = ["{sim_b.url}/"]\n'
+        sims = {"a": sim_a, "b": sim_b}
+        configs = {
+            (d, i): replica_config(tmp_path, f"{d}{i}", warm_state, server.url, domains)
+            for d in "ab"
+            for i in range(2)
+        }
+        with ThreadPoolExecutor(4) as pool:
+            reps = dict(
+                zip(configs, pool.map(lambda k: start_replica(configs[k], sims[k[0]].url), configs),
+                    strict=True)
+            )  # fmt: skip
+        try:
+            # One workload, its tenants split between the domains (unique request ids).
+            requests = list(Workload(tenants=16, seed=23).requests(800))
+            share = {d: [r for r in requests if (int(r.tenant[-2:]) % 2 == 0) == (d == "a")]
+                     for d in "ab"}  # fmt: skip
+            with ThreadPoolExecutor(2) as pool:
+                sent = dict(zip("ab", pool.map(
+                    lambda d: round_robin([reps[d, 0].url, reps[d, 1].url], share[d], 8), "ab"),
+                    strict=True))  # fmt: skip
+            judged = {}
+            for d in "ab":
+                mine = [reps[d, 0], reps[d, 1]]
+                events = exchanges_logged(mine, sent[d])
+                assert all(r.error is None for r in sent[d])
+                judged[d] = judge(sent[d], load_truth(sims[d].truth), events, sims[d].answer)
+        finally:
+            for rep in reps.values():
+                stop(rep.proc)
+        stopped = {k: rep.events("index.stopped")[0] for k, rep in reps.items()}
+        keys = sorted(k.decode() for k in server.client().keys("crosstalk:*"))
+    assert keys == ["crosstalk:records:a", "crosstalk:records:b"]
+    for (d, i), s in stopped.items():
+        other = len(share[d][1 - i :: 2])  # round robin: the other replica's requests
+        assert s["stream"] == f"crosstalk:records:{d}" and s["domain"] == d
+        assert s["index_ingested"] == 2 * other, (d, i, s)
+        assert s["index_other_domain"] == 0
+    # Recall across the replicas of a domain, pooled over the two domains (~40 targets:
+    # the floors of the three-replica test, which has as many, apply).
+    cross, found, right = [], [], []
+    for d, j in judged.items():
+        replica_of = {req.request_id: i % 2 for i, req in enumerate(share[d])}
+        mine = [
+            t
+            for t in j.targets
+            if replica_of[t["request_id"]] != replica_of.get(t["source_request_id"])
+        ]
+        cross += mine
+        found += [t for t in j.found if t in mine]
+        right += [t for t in j.right_source if t in mine]
+        print(
+            f"domain {d}: targets={len(j.targets)} found={len(j.found)} cross={len(mine)} "
+            f"found={len([t for t in j.found if t in mine])} flagged={len(j.clean_flagged)}"
+        )
+        assert len(mine) >= 8
+        assert len(j.clean_flagged) / j.clean <= MAX_FALSE_POSITIVES, d
+    summary = f"cross-replica targets={len(cross)} found={len(found)} right={len(right)}"
+    assert len(found) / len(cross) >= MIN_CROSS_RECALL, summary
+    assert len(right) / len(found) >= MIN_RIGHT_SOURCE, summary
+
+
+def test_a_replica_s_domain_comes_from_its_upstream():
+    section = load(
+        None, index__domains={"a": ["http://10.0.0.1:8000"], "b": ["https://pool.example"]}
+    ).index
+    assert domain_of(section, ["http://10.0.0.1:8000/"]) == "a"
+    assert domain_of(section, ["https://POOL.example:443"]) == "b"
+    assert domain_of(section, ["http://10.0.0.9:8000"]) == ""  # no domain: the default one
+    with pytest.raises(ValueError, match="2 cache domains"):
+        domain_of(section, ["http://10.0.0.1:8000", "https://pool.example"])
+    named = load(None, index__domain="c", index__domains={"a": ["http://10.0.0.1:8000"]}).index
+    assert domain_of(named, ["http://10.0.0.1:8000"]) == "c"
+    with pytest.raises(ConfigError, match="is in 'a' and 'b'"):
+        load(None, index__domains={"a": ["http://x:1"], "b": ["http://X:1/"]})
+    with pytest.raises(ConfigError, match="names a Redis stream"):
+        load(None, index__domains={"a b": []})
 
 
 def stream_memory(client: redis.Redis) -> dict[str, int]:

@@ -33,7 +33,7 @@ from proxy.mitm import addon_errors, upstream_retry
 from proxy.mitm import error_pages as mitm_errors
 from proxy.mitm.flowstate import CLAIMS_TRUSTED_KEY, METADATA_KEY
 from proxy.mitm.idle import IdleQueue
-from proxy.mitm.placement import InProcess, OnLoop
+from proxy.mitm.placement import InProcess, OnLoop, reverse_upstreams
 from proxy.pipeline.exchange import Enforcement, ExchangeMonitor
 from proxy.protocols import ParsedRequest, ProtocolError, Route, route_for
 from proxy.redaction import error_text, path_only, unquoted
@@ -64,11 +64,16 @@ class CrossTalk:
     takes the proxy's fingerprint ``key`` (hex).
     """
 
-    def __init__(self, *, inline: bool = False, key: str = "") -> None:
+    def __init__(
+        self, *, inline: bool = False, key: str = "", upstreams: list[str] | None = None
+    ) -> None:
         self.config = configuration.Config()
         self.engine: Engine | None = None
         self.inline = inline
         self._key = key
+        # The proxy's upstreams, when this runs in a detector process (no proxy mode
+        # here): they name the cache domain of the shared index. None: read the modes.
+        self._upstreams = upstreams
         self.placement: OnLoop | InProcess = OnLoop(self)
         self.failed: str | None = None  # why it stops the proxy at start, if it does
         self.log: Any = None
@@ -321,7 +326,11 @@ class CrossTalk:
         if self.index is not None:
             self.index.close()
         assert self.engine is not None  # configure built it just before
-        self.index = open_index(self.config, self.engine, self.log, self.counters)
+        try:
+            upstreams = self._upstreams if self._upstreams is not None else reverse_upstreams()
+            self.index = open_index(self.config, self.engine, self.log, self.counters, upstreams)
+        except ValueError as e:
+            raise exceptions.OptionsError(f"crosstalk: {e}") from e
         if self.index is not None and not self._running:
             self.index.load_window()
         elif self.index is not None:

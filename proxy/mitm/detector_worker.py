@@ -176,7 +176,7 @@ async def serve(read_fd: int, write_fd: int) -> int:
     # configured once, with the proxy's values.
     opts.update_defer(**config["options"])
     master = Master(opts, with_termlog=False)
-    crosstalk = CrossTalk(inline=True, key=config["key"])
+    crosstalk = CrossTalk(inline=True, key=config["key"], upstreams=config.get("upstreams"))
     addons = default_addons(crosstalk)
     try:
         master.addons.add(*addons)

@@ -37,6 +37,22 @@ RESTART_DELAY = 1.0  # seconds before a dead detector process is replaced
 MAX_RESTARTS = 5  # replacements per placement; a detector that keeps dying is left off
 
 
+def reverse_upstreams() -> list[str]:
+    """The upstream URLs of mitmproxy's reverse-proxy modes (``--mode reverse:URL``): what
+    names this replica's cache domain (``index.domains``)."""
+    from mitmproxy.proxy.mode_specs import ProxyMode, ReverseMode
+
+    found = []
+    for spec in ctx.options.mode:
+        try:
+            mode = ProxyMode.parse(spec)
+        except ValueError:
+            continue
+        if isinstance(mode, ReverseMode):
+            found.append(mode.data)
+    return found
+
+
 class _Live:
     """Kept in ``flow.metadata`` (``PLACEMENT_KEY``), which mitmproxy copies into a
     saved flow (``-w``, its save addon; crosstalk's capture): live state is never part
@@ -263,7 +279,11 @@ class InProcess(_Live):
         would (a replacement that fails leaves detection off, logged)."""
         crosstalk = self.crosstalk
         options = {n: o.current() for n, o in ctx.options.items() if n.startswith("crosstalk_")}
-        hello = {"key": crosstalk.config.detection.key, "options": options}
+        hello = {
+            "key": crosstalk.config.detection.key,
+            "options": options,
+            "upstreams": reverse_upstreams(),
+        }
         self.detector = DetectorProcess(
             hello, nice=crosstalk.config.policy.shadow_detector_nice, on_event=self._on_event
         )

@@ -44,6 +44,7 @@ import socket
 import time
 import zlib
 from collections import OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -64,6 +65,7 @@ ORIGIN = b"o"  # the publishing replica's id
 KEY = b"k"  # the hashing key's id (records of another key mean nothing here)
 RECORD = b"r"  # the record: proxy.store.journal.encode (one JSON line), zlib-compressed
 OFFERED = b"t"  # when the record entered the outbox (Unix time): for the latency figures
+DOMAIN = b"d"  # the cache domain the record was made in (absent: the default domain)
 
 BLOCK_MS = 1000  # XREAD BLOCK: how long one read waits for new entries
 BATCH = 500  # entries per XADD pipeline / XREAD / XRANGE
@@ -86,6 +88,13 @@ class IndexSettings:
     timeout_seconds: float = 1.0
     load_timeout_seconds: float = 30.0
     reconnect_max_seconds: float = 5.0
+    domain: str = ""  # the cache domain of this replica's upstream ("": the default one)
+
+    @property
+    def domain_stream(self) -> str:
+        """The stream of this replica's cache domain: the configured one for the default
+        domain, ``STREAM:DOMAIN`` for a named one. A replica reads only its domain's."""
+        return f"{self.stream}:{self.domain}" if self.domain else self.stream
 
     def client_kwargs(self, timeout: float) -> dict[str, Any]:
         """redis-py connection arguments: one attempt per call (``Health`` retries,
@@ -107,15 +116,45 @@ class IndexSettings:
         return self.url
 
 
-def settings_from(config: Any) -> IndexSettings | None:
-    """The settings of a ``proxy.config.Config`` (its ``[index]``, field for field);
-    None without ``index.url``."""
+def settings_from(config: Any, upstreams: Sequence[str] = ()) -> IndexSettings | None:
+    """The settings of a ``proxy.config.Config`` (its ``[index]``, field for field, and the
+    cache domain of ``upstreams``, the URLs this replica forwards to); None without
+    ``index.url``."""
     section = config.index
     if not section.url:
         return None
-    return IndexSettings(
-        **{f.name: getattr(section, f.name) for f in dataclasses.fields(IndexSettings)}
-    )
+    fields = {
+        f.name: getattr(section, f.name)
+        for f in dataclasses.fields(IndexSettings)
+        if f.name != "domain"
+    }
+    return IndexSettings(**fields, domain=domain_of(section, upstreams))
+
+
+def normal_url(url: str) -> str:
+    """``url`` as domains are matched: lower case, no trailing slash, default ports."""
+    url = url.strip().lower().rstrip("/")
+    for scheme, port in (("http://", ":80"), ("https://", ":443")):
+        if url.startswith(scheme) and url.endswith(port):
+            url = url.removesuffix(port)
+    return url
+
+
+def domain_of(section: Any, upstreams: Sequence[str]) -> str:
+    """The cache domain of a replica: ``index.domain`` when set, else the domain of
+    ``index.domains`` that lists its upstream ("" when none does: the default domain,
+    every replica in one, as without domains). Raises ValueError when its upstreams lie
+    in two domains (one replica, one domain: it would have to read both)."""
+    if section.domain:
+        return str(section.domain)
+    by_url = {normal_url(u): name for name, urls in section.domains.items() for u in urls}
+    found = {by_url[normal_url(u)] for u in upstreams if normal_url(u) in by_url}
+    if len(found) > 1:
+        raise ValueError(
+            f"index.domains: this replica's upstreams are in {len(found)} cache domains "
+            f"({', '.join(sorted(found))}): run one replica per domain"
+        )
+    return found.pop() if found else ""
 
 
 def new_replica_id(name: str = "") -> str:
@@ -226,6 +265,7 @@ class Publisher:
         self.settings = settings
         self.replica_id = replica_id.encode()
         self.key_id = key_id.encode()
+        self.domain = settings.domain.encode()
         self.window_seconds = window_seconds
         self.health = health
         self.counters = counters
@@ -259,6 +299,8 @@ class Publisher:
                 RECORD: zlib.compress(encode(pending.record), 1),
                 OFFERED: b"%.4f" % pending.offered,
             }
+            if self.domain:
+                pending.entry[DOMAIN] = self.domain
             self.encode_seconds += time.perf_counter() - started
             self.encoded += 1
         return pending.entry
@@ -292,7 +334,7 @@ class Publisher:
         async with client.pipeline(transaction=False) as pipe:
             for pending in batch:
                 fields: dict[Any, Any] = self.entry(pending)  # invariant in redis-py's types
-                pipe.xadd(self.settings.stream, fields, minid=minid, approximate=True)
+                pipe.xadd(self.settings.domain_stream, fields, minid=minid, approximate=True)
                 if time.perf_counter() - started > YIELD_AFTER:
                     await asyncio.sleep(0)  # a backlog is encoded between live events
                     started = time.perf_counter()
@@ -311,7 +353,7 @@ class Publisher:
             pipe = client.pipeline(transaction=False)
             for pending in batch:
                 fields: dict[Any, Any] = self.entry(pending)  # invariant in redis-py's types
-                pipe.xadd(self.settings.stream, fields, minid=minid, approximate=True)
+                pipe.xadd(self.settings.domain_stream, fields, minid=minid, approximate=True)
             pipe.execute()
         except REDIS_ERRORS:
             return 0
@@ -404,9 +446,18 @@ class Ingester:
     """Stream entries -> engine state, one ``OriginIngester`` per origin replica (each
     engine numbers its own records)."""
 
-    def __init__(self, engine: Engine, replica_id: str, log: Any, counters: dict[str, int]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        replica_id: str,
+        log: Any,
+        counters: dict[str, int],
+        domain: str = "",
+    ) -> None:
         self.engine = engine
         self.replica_id = replica_id.encode()
+        self.domain = domain.encode()
+        counters.setdefault("index_other_domain", 0)
         self.key_id = engine.hasher.key_id.encode()
         self.log = log
         self.counters = counters
@@ -430,6 +481,11 @@ class Ingester:
 
     def _ingest(self, entry_id: bytes, fields: dict[bytes, bytes]) -> None:
         origin = fields.get(ORIGIN, b"")
+        if fields.get(DOMAIN, b"") != self.domain:
+            # Another cache domain's record in this domain's stream (two domains given one
+            # stream name by hand): its requests never shared a cache with ours.
+            self.counters["index_other_domain"] += 1
+            return
         key = fields.get(KEY, b"")
         if key != self.key_id:
             self.counters["index_refused"] += 1
@@ -509,7 +565,7 @@ class Consumer:
         self.visibility: deque[float] = deque(maxlen=10_000)
 
     async def run(self, client: aredis.Redis) -> None:
-        stream = self.settings.stream
+        stream = self.settings.domain_stream
         while True:
             since = self.last_id or window_start_id(self.window_seconds).encode()
             try:
@@ -554,7 +610,7 @@ class Consumer:
         """Ingest the window already in the stream (``XRANGE``), until ``deadline``
         (monotonic). Returns (entries read, whether the whole window was read); the
         background task goes on from where this stopped."""
-        stream = self.settings.stream
+        stream = self.settings.domain_stream
         start = (self.last_id and b"(" + self.last_id) or window_start_id(self.window_seconds)
         read = 0
         while time.monotonic() < deadline:
@@ -595,6 +651,7 @@ class SharedIndex:
             "index_corrupt",
             "index_skipped",
             "index_remote_findings",
+            "index_other_domain",
         ):
             counters.setdefault(name, 0)
         self.settings = settings
@@ -607,7 +664,7 @@ class SharedIndex:
         self.publisher = Publisher(
             settings, self.replica_id, engine.hasher.key_id, window, self.health, counters
         )
-        self.ingester = Ingester(engine, self.replica_id, log, counters)
+        self.ingester = Ingester(engine, self.replica_id, log, counters, settings.domain)
         self.consumer = Consumer(settings, self.ingester, self.health, window)
         self._tasks: list[asyncio.Task] = []
         self._clients: list[aredis.Redis] = []
@@ -649,7 +706,8 @@ class SharedIndex:
             "index.ready",
             replica=self.replica_id,
             url=redacted(self.settings.url),
-            stream=self.settings.stream,
+            stream=self.settings.domain_stream,
+            domain=self.settings.domain or None,
             entries=read,
             origins=len(self.ingester.origins),
             complete=complete,
@@ -690,6 +748,8 @@ class SharedIndex:
         self.log.info(
             "index.stopped",
             replica=self.replica_id,
+            stream=self.settings.domain_stream,
+            domain=self.settings.domain or None,
             flushed=flushed,
             outbox=len(self.publisher.outbox),
             visibility_ms=self.consumer.visibility_ms(),
@@ -702,10 +762,15 @@ class SharedIndex:
 
 
 def open_index(
-    config: Any, engine: Engine, log: Any, counters: dict[str, int]
+    config: Any,
+    engine: Engine,
+    log: Any,
+    counters: dict[str, int],
+    upstreams: Sequence[str] = (),
 ) -> SharedIndex | None:
-    """The shared index ``config`` asks for (None without ``index.url``)."""
-    settings = settings_from(config)
+    """The shared index ``config`` asks for (None without ``index.url``), in the cache
+    domain of ``upstreams``. Raises ValueError when they lie in two domains."""
+    settings = settings_from(config, upstreams)
     return None if settings is None else SharedIndex(settings, engine, log, counters)
 
 
