@@ -140,12 +140,14 @@ HOST = "127.0.0.1"
 TARGET_P99_MS = 50.0
 TENANTS = 24
 PAIR_STREAM = "bench:pair"
-GROUPS = (  # name, replicas, stream (None: no index)
-    ("1 replica, no index", 1, None),
-    ("1 replica + Redis", 1, "bench:one"),
-    ("3 replicas + Redis", 3, "bench:three"),
+GROUPS = (  # name, replicas, stream (None: no index), a cache domain per replica
+    ("1 replica, no index", 1, None, False),
+    ("1 replica + Redis", 1, "bench:one", False),
+    ("2 replicas + Redis", 2, "bench:two", False),
+    ("3 replicas + Redis", 3, "bench:three", False),
+    ("2 replicas, 2 domains", 2, "bench:domains", True),
 )
-ONE, THREE = GROUPS[1][0], GROUPS[2][0]
+ONE, TWO, THREE, DOMAINS = GROUPS[1][0], GROUPS[2][0], GROUPS[3][0], GROUPS[4][0]
 WARM_REQUESTS = 1500  # step 0
 READY_TIMEOUT = 90.0  # seconds for every process to answer (engines load in parallel)
 REQUEST_TIMEOUT = 120.0
@@ -180,8 +182,10 @@ class Server:
             return ""
 
     def cpu_seconds(self) -> float:
-        """utime + stime so far (/proc); 0 once the process is gone."""
-        return pid_cpu(self.proc.pid)
+        """utime + stime so far of the process and its children (/proc): a replica's
+        detector process is where its engine, and so its ingestion, runs in shadow mode
+        (before 2026-12-06 only the proxy process was counted). 0 once it is gone."""
+        return sum(pid_cpu(pid) for pid in process_tree(self.proc.pid))
 
     def events(self, name: str) -> list[dict]:
         if self.log is None or not self.log.exists():
@@ -263,6 +267,18 @@ def wait_quiet(limit: float, busy_max: float = 25.0) -> float:
 def self_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now living (/proc/PID/task/TID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                todo.extend(int(child) for child in task.read_text().split())
+    return found
 
 
 def pid_cpu(pid: int) -> float:
@@ -607,13 +623,16 @@ class Group:
     stream: str | None
 
 
-def replica_config(root: Path, key: str, state: Path, url: str | None, stream: str | None) -> Path:
+def replica_config(
+    root: Path, key: str, state: Path, url: str | None, stream: str | None, domain: str = ""
+) -> Path:
     root.mkdir(parents=True)
     shutil.copy(state, root / "state.npz")
     cfg = root / "crosstalk.toml"
     text = f'[detection]\nkey = "{key}"\nstate_file = "{root / "state.npz"}"\n'
     if stream is not None:
         text += f'[index]\nurl = "{url}"\nstream = "{stream}"\nreplica_name = "{root.name}"\n'
+        text += f'domain = "{domain}"\n' if domain else ""
     cfg.write_text(text)
     return cfg
 
@@ -622,11 +641,14 @@ def start_groups(
     args: argparse.Namespace, workdir: Path, redis_url: str, sim_url: str, servers: list[Server]
 ) -> list[Group]:
     groups = []
-    for gi, (name, n, stream) in enumerate(GROUPS):
+    for gi, (name, n, stream, domains) in enumerate(GROUPS):
         reps = []
         for r in range(n):
             label = f"g{gi}r{r}"
-            cfg = replica_config(workdir / label, args.key, args.state_path, redis_url, stream)
+            domain = f"d{r}" if domains else ""
+            cfg = replica_config(
+                workdir / label, args.key, args.state_path, redis_url, stream, domain
+            )
             port = free_port()
             log = workdir / label / "events.jsonl"
             argv = [sys.executable, "-m", "proxy", "run", "--upstream", sim_url,
@@ -1029,6 +1051,81 @@ def sizing(
     }
 
 
+def cost_model(summaries: list[GroupSummary]) -> dict[str, Any]:
+    """The replicas' CPU per request as a function of replicas N and cache domains D, from
+    two measured costs, and its predictions next to the groups it was not fitted on.
+
+    A request costs the replica that serves it ``c_serve`` (proxying, scanning,
+    publishing: the "1 replica + Redis" group) and each other replica of its domain
+    ``c_ingest`` (the "2 replicas + Redis" group minus ``c_serve``): ``c(N, D) = c_serve
+    + (N / D - 1) c_ingest`` summed over the replicas. Fitted on the 1- and 2-replica
+    groups; predicts the 3-replica group and the 2 replicas in 2 domains. On this
+    machine the cores are shared, so requests/s follow the whole machine's CPU per
+    request (the simulator, Redis and the client's share from the 1-replica group):
+    ratio to one replica = (c_serve + rest) / (c(N, D) + rest). With one core per
+    replica, N replicas carry ``1000 N / c(N, D)`` requests/s: without domains that
+    bends towards ``1000 / c_ingest``; in D domains each domain is its own such curve."""
+    by = {s.group: s for s in summaries}
+    nan = float("nan")
+
+    def cpu(s: GroupSummary) -> float:
+        return s.replica_cpu_ms_per_req if s.replica_cpu_ms_per_req is not None else nan
+
+    one = by[ONE]
+    c_serve = cpu(one)
+    c_ingest = cpu(by[TWO]) - c_serve
+    rest = sum(
+        v or 0.0
+        for v in (one.sim_cpu_ms_per_req, one.redis_cpu_ms_per_req, one.client_cpu_ms_per_req)
+    )
+    rows = []
+    for name, n, domains in ((ONE, 1, 1), (TWO, 2, 1), (THREE, 3, 1), (DOMAINS, 2, 2)):
+        predicted = c_serve + (n / domains - 1) * c_ingest
+        rows.append(
+            {
+                "group": name,
+                "replicas": n,
+                "domains": domains,
+                "fitted": name in (ONE, TWO),
+                "predicted_cpu_ms_per_req": predicted,
+                "measured_cpu_ms_per_req": cpu(by[name]),
+                "predicted_ratio_to_one": (c_serve + rest) / (predicted + rest),
+                "measured_ratio_to_one": by[name].ratio_to_one,
+            }
+        )
+
+    def projected(n: int, domains: int) -> float:
+        return 1000 * n / (c_serve + (n / domains - 1) * c_ingest)
+
+    return {
+        "c_serve_ms": c_serve,
+        "c_ingest_ms": c_ingest,
+        "rest_ms": rest,
+        "rows": rows,
+        "one_core_per_replica": {
+            "one_domain": {n: projected(n, 1) for n in (1, 2, 3, 4, 8, 16)},
+            "domains_of_2_replicas": {n: projected(n, n // 2) for n in (2, 4, 8, 16)},
+            "ceiling_one_domain": 1000 / c_ingest if c_ingest > 0 else nan,
+        },
+    }
+
+
+def model_table(model: dict[str, Any]) -> str:
+    lines = [
+        "| group | replicas | domains | replica CPU ms/req predicted | measured "
+        "| req/s vs 1 replica predicted | measured |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in model["rows"]:
+        lines.append(
+            f"| {r['group']}{' (fitted)' if r['fitted'] else ''} | {r['replicas']} "
+            f"| {r['domains']} | {r['predicted_cpu_ms_per_req']:.2f} "
+            f"| {fmt(r['measured_cpu_ms_per_req'], '.2f')} "
+            f"| {r['predicted_ratio_to_one']:.2f} | {fmt(r['measured_ratio_to_one'], '.2f')} |"
+        )
+    return "\n".join(lines)
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -1122,7 +1219,9 @@ def main(argv: list[str] | None = None) -> int:
             t = time.monotonic()
             wait_port(sim)
             asyncio.run(wait_ready([r for g in groups for r in g.replicas]))
-            print(f"5 replicas and the simulator ready in {time.monotonic() - t:.0f} s", flush=True)
+            count = sum(g.replicas.__len__() for g in groups)
+            print(f"{count} replicas and the simulator ready in {time.monotonic() - t:.0f} s",
+                  flush=True)  # fmt: skip
             pair = workers.run()
             print("\n" + pair_table(pair["levels"]) + "\n", flush=True)
             rows = asyncio.run(throughput(args, groups, sim, redis_server))
@@ -1172,7 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("\n## The replicas' own figures (index.stopped, over the whole run)\n")
     print(replicas_table(reports))
-    found = {g: set() for g, _, _ in GROUPS}
+    found = {g[0]: set() for g in GROUPS}
     for r in reports:
         found[r["group"]].update(map(tuple, r["findings"]))
     print(
@@ -1202,6 +1301,17 @@ def main(argv: list[str] | None = None) -> int:
         )
         + f"; ceiling of one shared view {size['projected_ceiling_rps']:.0f} requests/s."
     )
+    model = cost_model(summaries)
+    projection = model["one_core_per_replica"]
+    print(
+        f"\n## Cost model (c_serve {model['c_serve_ms']:.2f} ms, c_ingest "
+        f"{model['c_ingest_ms']:.2f} ms per request; simulator, Redis and client "
+        f"{model['rest_ms']:.2f} ms)\n\n" + model_table(model) + "\n\nOne core per replica, "
+        "one domain: "
+        + ", ".join(f"{n}: {v:.0f}/s" for n, v in projection["one_domain"].items())
+        + f" (ceiling {projection['ceiling_one_domain']:.0f}/s); domains of 2 replicas: "
+        + ", ".join(f"{n}: {v:.0f}/s" for n, v in projection["domains_of_2_replicas"].items())
+    )
     ok = all(lv.passed for lv in levels) and not any(s.failures for s in summaries)
     print(f"\nRun took {elapsed:.0f} s. {'PASS' if ok else 'FAIL'}")
     if args.json:
@@ -1225,6 +1335,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "replicas": reports,
             "sizing_per_1000_rps": size,
+            "cost_model": model,
             "elapsed_s": elapsed,
             "pass": ok,
         }
