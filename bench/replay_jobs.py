@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         help="exchanges per recorded second (0.5: 1 GB spans ~19 h, a day of logs)",
     )
     p.add_argument("--warm-up", help="--warm-up of the partitioned runs (default: replay's)")
+    p.add_argument(
+        "--learn-every", help="--learn-every of the partitioned runs (default: replay's)"
+    )
     p.add_argument("--workdir", help="keep the capture and logs here")
     p.add_argument("--json", help="write every number here")
     args = p.parse_args(argv)
@@ -163,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
             extra = ["--jobs", str(jobs)] + (["--ray"] if executor == "ray" else [])
             if jobs > 1 and args.warm_up:
                 extra += ["--warm-up", args.warm_up]
+            if jobs > 1 and args.learn_every:
+                extra += ["--learn-every", args.learn_every]
             wall, rc, stderr, log = replay(capture, config, workdir, f"run{i}-j{jobs}", extra)
             exchanges = exchanges_of(stderr)
             here = findings_of(log)

@@ -23,6 +23,7 @@ from conftest import ROOT, free_port
 
 from proxy.cli import main as cli_main
 from proxy.forensics.inputs import RecordedHeaders
+from proxy.forensics.job import sampled
 from proxy.forensics.partitions import (
     LineSpan,
     Partition,
@@ -105,8 +106,9 @@ def assert_like_serial(serial, partitioned, workload: Workload, slack: int) -> N
 
 
 def test_jobs_2_finds_what_the_serial_replay_finds(workload, serial):
-    assert_like_serial(serial, workload.replay(workload.capture, name="j2",
-                                               extra=("--jobs", "2")), workload, slack=0)  # fmt: skip
+    """Without words learned before the warm-up, each worker seeks to its line."""
+    part = workload.replay(workload.capture, name="j2", extra=("--jobs", "2", "--learn-every", "0"))
+    assert_like_serial(serial, part, workload, slack=0)
 
 
 def test_jobs_4_finds_what_the_serial_replay_finds(workload, serial):
@@ -143,11 +145,21 @@ def test_an_unreadable_line_is_reported_once_at_its_own_position(workload, tmp_p
         assert report["summary"]["exchanges"] == workload.exchanges
 
 
+def test_sampled_learning_takes_every_nth_value():
+    taken: list[int] = []
+    learn = sampled(taken.append, 3)
+    for i in range(10):
+        learn(i)
+    assert taken == [0, 3, 6, 9]
+
+
 def test_jobs_and_ray_options_are_checked(workload, capsys):
     assert cli_main(["replay", str(workload.capture), "--jobs", "0"]) == 2
     assert "--jobs must be >= 1" in capsys.readouterr().err
     assert cli_main(["replay", str(workload.capture), "--ray-ship"]) == 2
     assert "give --ray too" in capsys.readouterr().err
+    assert cli_main(["replay", str(workload.capture), "--learn-every", "-1"]) == 2
+    assert "--learn-every must be >= 0" in capsys.readouterr().err
 
 
 # -- the planner ----------------------------------------------------------------------------
@@ -231,7 +243,8 @@ def test_sampled_timeline_names_the_line_at_each_offset(workload):
 def ray_head(tmp_path_factory):
     """A real Ray head on loopback, as an operator's cluster (two CPUs)."""
     cli = shutil.which("ray", path=str(Path(sys.executable).parent)) or "ray"
-    port = free_port()
+    # Ray's workers take ports 10002-19999 by default: the head's must lie outside them.
+    port = next(p for p in (free_port() for _ in range(100)) if not 10_000 <= p < 20_000)
     temp = Path("/tmp") / f"ray-ct-{os.getpid()}"  # Ray's socket paths must stay short
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     start = [cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),

@@ -87,8 +87,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--warm-up",
         metavar="SECONDS",
         help="with --jobs/--ray: traffic before each partition replayed, unreported, to "
-        "warm its engine: seconds or 30m, 2h (default: two half-lives of the commonness "
-        "sketch, at least the window)",
+        "warm its engine: seconds or 30m, 2h (default and least: the detection window)",
+    )
+    p.add_argument(
+        "--learn-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --jobs/--ray: of the traffic before a partition's warm-up, every Nth "
+        "exchange teaches its engine its words (the plain vocabulary never forgets; "
+        "default 1: every exchange; 0: none, and workers seek to their warm-up)",
     )
     p.add_argument(
         "--ray",
@@ -147,6 +155,7 @@ def main(args: argparse.Namespace) -> int:
         max_log_len=args.max_log_len,
         jobs=args.jobs,
         warm_up=warm_up,
+        learn_every=args.learn_every,
         ray=args.ray,
         ray_ship=args.ray_ship,
     )

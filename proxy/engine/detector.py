@@ -436,6 +436,12 @@ class Engine(_scan.EngineClock):
         first, _, last = key.partition(" ")
         return first in self.first_names and last in self.surnames
 
+    def learn_words(self, tenant: str, text: str) -> None:
+        """Count ``tenant`` among the users of ``text``'s words, and nothing else: the
+        one thing the engine never forgets (a word used by enough tenants stays plain),
+        taught by traffic a replay partition does not replay (``proxy.forensics``)."""
+        self.vocabulary.learn(tenant, self.unit_hashes(text))
+
     def ingest_prompt(self, record: PromptRecord) -> ResponseScan:
         """``observe_prompt`` from a record: the same state as if the text had been seen
         (entities are then known by id only)."""

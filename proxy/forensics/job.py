@@ -115,6 +115,8 @@ class ReplayJob:
     max_log_len: int | None = None  # the engine's --max-log-len (text of that length is cut)
     jobs: int = 1  # --jobs: time partitions replayed by this many processes
     warm_up: float | None = None  # --warm-up: seconds replayed before a partition
+    learn_every: int = 1  # --learn-every: of the traffic before a warm-up, every Nth exchange
+    # teaches its words (0: none)
     ray: str | None = None  # --ray [ADDRESS]: partitions as Ray tasks ("": a local Ray)
     ray_ship: bool = False  # --ray-ship: inputs go to the workers through Ray's object store
 
@@ -280,6 +282,8 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
         raise JobError("--max-log-len must be >= 1")
     if job.jobs < 1:
         raise JobError("--jobs must be >= 1")
+    if job.learn_every < 0:
+        raise JobError("--learn-every must be >= 0 (0: no words learned before a warm-up)")
     if job.warm_up is not None and job.warm_up < job.config.detection.window_seconds:
         raise JobError(
             f"--warm-up must be at least the detection window "
@@ -352,12 +356,29 @@ def replay_sources(
     try:
         streams = [read_records(s, sink.skip) for s in sources]
         records = merge_inputs(streams, job.sort_buffer)
-        return replayer.run(records if partition is None else partition.records(records))
+        if partition is not None:
+            learn = sampled(replayer.learn_only, job.learn_every) if job.learn_every else None
+            records = partition.records(records, learn)
+        return replayer.run(records)
     finally:
         if on_progress is not None:
             on_progress(replayer.stats)
         for source in sources:
             source.close()
+
+
+def sampled[T](learn: Callable[[T], None], every: int) -> Callable[[T], None]:
+    """``learn``, called with every ``every``-th of the values it is given (the first,
+    then each ``every``-th after it)."""
+    seen = 0
+
+    def maybe(value: T) -> None:
+        nonlocal seen
+        if seen % every == 0:
+            learn(value)
+        seen += 1
+
+    return maybe
 
 
 def run_job(job: ReplayJob) -> ReplayOutcome:

@@ -4,19 +4,23 @@ A partition reports the exchanges whose request time lies in ``[start, end)``. B
 its start it replays the ``window`` of traffic the engine would still hold there
 (``detection.window_seconds``) as warm-up, and after its end the exchanges that arrive
 while its own last ones still stream (a prompt that arrives mid-stream is known to the
-rest of that stream): both observed, neither reported. The findings are then those of
-the serial replay but for what the engine learns over a longer past than the window:
-learned commonness starts from the state file at each warm-up, not from all the traffic
-before it (docs/forensics.md, "Replay on every core", measures what that changes).
+rest of that stream): both observed, neither reported. What the engine forgets within
+the warm-up is then as the serial replay has it. One thing it never forgets: the plain
+vocabulary (a word used by enough tenants stays plain). Of the traffic before the
+warm-up, every ``learn_every``-th exchange teaches the partition's engine its words and
+nothing else (``Replayer.learn_only``): a partition then calls about the same words
+plain as the serial replay (docs/forensics.md, "Replay on every core", measures what the
+edges change).
 
 Cutting needs each input's times. A file with one record a line (crosstalk's JSON
 lines, LiteLLM payloads), not compressed, is sampled: the record after each of
 ``SAMPLES`` evenly spaced byte offsets gives a time, and a worker seeks to the sample
 before its warm-up (``LineSpan``) instead of reading from the start. Any other input
 (flows, HAR, gzip, engine logs whose records span lines) is read whole once for its
-record times, and each worker reads it from the start, skipping what lies before its
-warm-up. Work is balanced by bytes of input: a partition's cost is the bytes of its span
-plus its warm-up.
+record times, and each worker reads it from the start. When words are learned before
+the warm-up, every worker reads every input from its start. Work is balanced by bytes of
+input: a partition's cost is the bytes of its span and its warm-up, plus a share
+(``prefix_cost``) of the bytes before them.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from __future__ import annotations
 import bisect
 import io
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -77,13 +81,20 @@ class Partition:
             return self.last
         return owned[0] <= skipped.offset < owned[1]
 
-    def records(self, records: Iterable[ExchangeRecord]) -> Iterator[ExchangeRecord]:
+    def records(
+        self,
+        records: Iterable[ExchangeRecord],
+        before: Callable[[ExchangeRecord], None] | None = None,
+    ) -> Iterator[ExchangeRecord]:
         """Of a time-ordered stream, what this partition replays: from ``warm_from`` on,
         and past ``end`` as long as an exchange it reports may still be streaming. Stops
-        reading there (the stream is lazy)."""
+        reading there (the stream is lazy). Records before ``warm_from`` go to
+        ``before`` (when given)."""
         busy_until = -math.inf
         for record in records:
             if record.time < self.warm_from:
+                if before is not None:
+                    before(record)
                 continue
             if record.time >= self.end and record.time > busy_until:
                 return
@@ -154,9 +165,11 @@ def first_record_time(source: InputFile, line: bytes) -> float | None:
     return None if record is None else record.time
 
 
-def sampled_timeline(source: InputFile, samples: int = SAMPLES) -> Timeline:
+def sampled_timeline(source: InputFile, samples: int = SAMPLES, *, seek: bool = True) -> Timeline:
     """The timeline of a seekable input from the line after each of ``samples`` evenly
-    spaced byte offsets (its own file handle: ``source`` is left where it was)."""
+    spaced byte offsets (its own file handle: ``source`` is left where it was). With
+    ``seek``, the line numbers at the samples too (a read of the whole file's bytes), for
+    workers that start reading there; without, a timeline of an input read whole."""
     times: list[float] = []
     offsets: list[int] = []
     lines: list[int] = []
@@ -180,15 +193,16 @@ def sampled_timeline(source: InputFile, samples: int = SAMPLES) -> Timeline:
                     continue
                 if offsets and offset <= offsets[-1]:
                     break  # a line longer than the step: sampled already
-                f.seek(counted_to)
-                number += _count_newlines(f, offset - counted_to)
-                counted_to = offset
-                f.seek(offset + len(line))
+                if seek:
+                    f.seek(counted_to)
+                    number += _count_newlines(f, offset - counted_to)
+                    counted_to = offset
+                    f.seek(offset + len(line))
                 times.append(when)
                 offsets.append(offset)
                 lines.append(number)
                 break
-    return Timeline(source.name, size, _monotone(times), offsets, lines)
+    return Timeline(source.name, size, _monotone(times), offsets, lines if seek else None)
 
 
 def _count_newlines(f: IO[bytes], nbytes: int) -> int:
@@ -219,9 +233,12 @@ def seekable(source: InputFile) -> bool:
     return source.format in LINE_FORMATS and source.stream is source.raw
 
 
-def plan(timelines: Sequence[Timeline], jobs: int, window: float) -> list[Partition]:
+def plan(
+    timelines: Sequence[Timeline], jobs: int, window: float, prefix_cost: float = 0.0
+) -> list[Partition]:
     """At most ``jobs`` partitions of the inputs' time span whose costs (bytes of the span
-    plus its warm-up) are as even as a binary search on the largest cost makes them."""
+    plus its warm-up, plus ``prefix_cost`` times the bytes before the warm-up) are as
+    even as a binary search on the largest cost makes them."""
     known = [t for t in timelines if t.times]
     if jobs <= 1 or not known:
         return [_partition(0, 1, -math.inf, math.inf, window, timelines)]
@@ -239,6 +256,7 @@ def plan(timelines: Sequence[Timeline], jobs: int, window: float) -> list[Partit
         start = -math.inf
         for _ in range(jobs - 1):
             base = mass(start - window) if start > -math.inf else 0.0
+            base -= prefix_cost * base  # the prefix costs its share, the rest nothing
             if total - base <= budget:
                 return cuts
             a, b = (lo_t if start == -math.inf else start), hi_t
@@ -252,7 +270,7 @@ def plan(timelines: Sequence[Timeline], jobs: int, window: float) -> list[Partit
                 return None  # no progress: the budget is below one sample's bytes
             cuts.append(a)
             start = a
-        base = mass(start - window)
+        base = mass(start - window) * (1 - prefix_cost)
         return cuts if total - base <= budget else None
 
     lo_b, hi_b = total / jobs, total

@@ -41,7 +41,7 @@ from proxy.engine import Engine, Finding
 from proxy.engine.degenerate import ExchangeWatch
 from proxy.pipeline.exchange import ExchangeMonitor
 from proxy.protocols import ProtocolError, route_for
-from proxy.protocols.sse import SSEFramer
+from proxy.protocols.sse import SSEDecoder, SSEFramer
 from proxy.redaction import error_text
 from proxy.tenants import HeaderView, TenantRules, request_id_of, resolve_tenant
 
@@ -466,6 +466,40 @@ class Replayer:
         watch = ExchangeWatch(on_trip)
         monitor.on_delta = watch.feed
         return watch
+
+    def learn_only(self, record: ExchangeRecord) -> None:
+        """What the engine would never forget of ``record``, learned without replaying
+        it: its prompt's words (``Engine.learn_words``). For the traffic before a
+        partition's warm-up."""
+        route = route_for(record.method, record.path)
+        if route is None:
+            return
+        try:
+            parsed = route.parse_request(record.body)
+        except ProtocolError:
+            return
+        tenant = (
+            record.tenant or resolve_tenant(self.rules, record.headers, parsed.user) or "anonymous"
+        )
+        self.engine.learn_words(tenant, parsed.prompt)
+        response = record.response
+        if response is None or not response.recorded or not response.complete:
+            return
+        by_choice: dict[int, list[str]] = {}
+        try:
+            body = decoded_body(response)
+            if "text/event-stream" in (response.headers.get("content-type") or ""):
+                feed = route.stream_parser().feed
+                for event in SSEDecoder().feed(body):
+                    for choice, text in feed(event):
+                        by_choice.setdefault(choice, []).append(text)
+            else:
+                for choice, text in route.parse_response(body):
+                    by_choice.setdefault(choice, []).append(text)
+        except (ValueError, ProtocolError):
+            return
+        for texts in by_choice.values():
+            self.engine.learn_words(tenant, "".join(texts))
 
     def _begin(
         self, record: ExchangeRecord, stats: ReplayStats, sink: ReplaySink
