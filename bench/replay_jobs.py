@@ -15,17 +15,17 @@ differs is counted, and the victim's ground truth looked up: a finding only the
 partitioned replay makes on an exchange without a fault is a false alarm the edges
 made.
 
-Targets (issue 45), checked only on a capture of at least ``MIN_TARGET_MB`` (on a small
-one the fixed warm-up, ``detection.window_seconds`` of traffic, is most of a partition):
-``--jobs 2`` at least ``TARGET_SPEEDUP`` times ``--jobs 1``; at most ``MAX_DIFFERING`` of
-the findings differ; no differing finding on a clean exchange. Exit status 1 when one is
+Targets (issue 45): ``--jobs 2`` at least ``TARGET_SPEEDUP`` times ``--jobs 1`` and at
+most ``MAX_DIFFERING`` of the findings differing, both checked only on a capture of at
+least ``MIN_TARGET_MB`` (on a small one the warm-up is a large share of a partition, and
+one finding of a few hundred is 0.3%); no differing finding on a clean exchange, always. Exit status 1 when one is
 missed (always, when a replay fails). ``--ray`` adds a run with ``--ray`` (a Ray of this
 machine, two CPUs), timed and compared the same way (no speed target: Ray's start is
 included).
 
     python bench/replay_jobs.py [--quick] [--size 1024] [--rounds 2] [--ray] [--json out.json]
 
-``--quick``: 96 MB, one round each, no speed target (~1 min).
+``--quick``: 96 MB, one round each; only the clean-exchange target is checked (~1 min).
 """
 
 from __future__ import annotations
@@ -205,12 +205,15 @@ def main(argv: list[str] | None = None) -> int:
     misses = []
     if size >= MIN_TARGET_MB and speedup < TARGET_SPEEDUP:
         misses.append(f"speed-up {speedup:.2f} < {TARGET_SPEEDUP}")
-    if worst > MAX_DIFFERING:
+    if size >= MIN_TARGET_MB and worst > MAX_DIFFERING:
         misses.append(f"{100 * worst:.2f}% of findings differ (> {100 * MAX_DIFFERING:.1f}%)")
     if alarms:
         misses.append(f"{alarms} differing findings on clean exchanges")
     if size < MIN_TARGET_MB:
-        print(f"(speed target not checked: {size} MB < {MIN_TARGET_MB} MB)")
+        print(
+            f"(speed and share targets not checked: {size} MB < {MIN_TARGET_MB} MB, a few "
+            "hundred findings, where one differing finding is 0.3%)"
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
