@@ -485,6 +485,16 @@ def _validate_otel(o: OtelSection) -> None:
         raise ConfigError("otel.metrics_interval_seconds must be > 0")
 
 
+def normal_url(url: str) -> str:
+    """``url`` as cache domains match upstreams: lower case, no trailing slash, no
+    default port."""
+    url = url.strip().lower().rstrip("/")
+    for scheme, port in (("http://", ":80"), ("https://", ":443")):
+        if url.startswith(scheme) and url.endswith(port):
+            url = url.removesuffix(port)
+    return url
+
+
 def _validate_index(index: IndexSection, key: str) -> None:
     if index.url and not key:
         raise ConfigError(
@@ -511,7 +521,7 @@ def _validate_index(index: IndexSection, key: str) -> None:
         if not isinstance(upstreams, list) or not all(isinstance(u, str) for u in upstreams):
             raise ConfigError(f"index.domains.{name} must be a list of upstream URLs")
         for url in upstreams:
-            normal = url.strip().lower().rstrip("/")
+            normal = normal_url(url)
             if normal in seen and seen[normal] != name:
                 raise ConfigError(
                     f"index.domains: upstream {url!r} is in {seen[normal]!r} and {name!r}: a "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -129,20 +130,50 @@ def test_an_input_read_whole_by_each_worker_gives_the_same_findings(workload, se
     assert report["summary"]["exchanges"] == workload.exchanges
 
 
-def test_an_unreadable_line_is_reported_once_at_its_own_position(workload, tmp_path):
+@pytest.mark.parametrize("learn_every", ["1", "0"])
+def test_unreadable_lines_are_reported_once_at_their_own_positions(workload, tmp_path, learn_every):
+    """Broken lines early, around the cut and late: each reported once, whether the
+    workers read every input from its start (words learned) or seek to their lines."""
     lines = workload.capture.read_bytes().splitlines(keepends=True)
-    broken = tmp_path / "broken.jsonl"
-    at = len(lines) * 3 // 4  # in the second of two partitions
-    broken.write_bytes(b"".join(lines[:at] + [b'{"time": "not a time"\n'] + lines[at:]))
-    for jobs in ("1", "2"):
-        status, events, report = workload.replay(broken, name=f"broken{jobs}",
-                                                 extra=("--jobs", jobs))  # fmt: skip
-        skipped = [e for e in events if e["event"] == "replay.skipped"]
-        assert [(e["record"], e["offset"]) for e in skipped] == [
-            (at + 1, sum(map(len, lines[:at])))
-        ], jobs
-        assert report["summary"]["skipped"] == 1
+    bad = b'{"time": "not a time"}\n'
+    spots = sorted({5, len(lines) // 2 - 3, len(lines) // 2, len(lines) // 2 + 4,
+                    len(lines) * 3 // 4})  # fmt: skip
+    broken, expected, offset = [], [], 0
+    for i, line in enumerate(lines):
+        if i in spots:
+            expected.append((len(broken) + 1, offset))
+            broken.append(bad)
+            offset += len(bad)
+        broken.append(line)
+        offset += len(line)
+    path = tmp_path / "broken.jsonl"
+    path.write_bytes(b"".join(broken))
+    for jobs in ("1", "2", "3"):
+        status, events, report = workload.replay(
+            path, name=f"broken{jobs}", extra=("--jobs", jobs, "--learn-every", learn_every)
+        )
+        skipped = [(e["record"], e["offset"]) for e in events if e["event"] == "replay.skipped"]
+        assert sorted(skipped) == expected, jobs
+        assert report["summary"]["skipped"] == len(spots)
         assert report["summary"]["exchanges"] == workload.exchanges
+
+
+def test_a_capture_written_in_completion_order_loses_nothing_at_the_cuts(workload, tmp_path):
+    """A log written as exchanges end is out of request order by up to the longest
+    stream: a worker that seeks starts a sort buffer's lines before its warm-up, so it
+    replays what the serial replay replays."""
+    lines = workload.capture.read_bytes().splitlines(keepends=True)
+    ended = sorted(lines, key=lambda line: orjson.loads(line)["end_time"])
+    assert ended != lines
+    path = tmp_path / "ended.jsonl"
+    path.write_bytes(b"".join(ended))
+    serial = workload.replay(path, name="ended1", extra=("--sort-buffer", "64"))
+    for jobs in ("2", "3"):
+        part = workload.replay(path, name=f"ended{jobs}", extra=(
+            "--jobs", jobs, "--learn-every", "0", "--sort-buffer", "64"))  # fmt: skip
+        assert part[2]["summary"]["exchanges"] == serial[2]["summary"]["exchanges"]
+        assert part[2]["summary"]["late"] == serial[2]["summary"]["late"]
+        assert {f[:3] for f in findings(part[1])} == {f[:3] for f in findings(serial[1])}
 
 
 def test_sampled_learning_takes_every_nth_value():
@@ -239,6 +270,19 @@ def test_sampled_timeline_names_the_line_at_each_offset(workload):
 # -- Ray --------------------------------------------------------------------------------------
 
 
+# One token for the head and its drivers (Ray 2.60 authenticates clients, and would
+# otherwise use whatever token another Ray left in ~/.ray/auth_token), and loopback
+# only: with RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 every Ray process names its node
+# 127.0.0.1 (else the machine's address, however the head was started).
+RAY_ENV = {
+    **os.environ,
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_AUTH_MODE": "token",
+    "RAY_AUTH_TOKEN": secrets.token_hex(16),
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+}
+
+
 @pytest.fixture(scope="module")
 def ray_head(tmp_path_factory):
     """A real Ray head on loopback, as an operator's cluster (two CPUs)."""
@@ -246,7 +290,7 @@ def ray_head(tmp_path_factory):
     # Ray's workers take ports 10002-19999 by default: the head's must lie outside them.
     port = next(p for p in (free_port() for _ in range(100)) if not 10_000 <= p < 20_000)
     temp = Path("/tmp") / f"ray-ct-{os.getpid()}"  # Ray's socket paths must stay short
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env = RAY_ENV
     start = [cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
              "--num-cpus", "2", "--include-dashboard", "false", "--temp-dir", str(temp),
              "--disable-usage-stats"]  # fmt: skip
@@ -269,7 +313,7 @@ def ray_replay(workload: Workload, address: str, name: str, *extra: str):
          str(log), "--report",
          str(report), "--ray", address, *extra],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        env=RAY_ENV,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr[-3000:]
     events = [orjson.loads(line) for line in log.read_bytes().splitlines()]

@@ -18,6 +18,7 @@ tests skip, except under CI=true, where they fail.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import random
 import secrets
@@ -58,8 +59,14 @@ from proxy.eventlog import make_logger
 from proxy.factory import build_engine
 from proxy.sim.answers import answer_for
 from proxy.sim.workload import SimRequest, Workload
-from proxy.store.journal import decode
-from proxy.store.redis_index import OriginIngester, SharedIndex, domain_of, settings_from
+from proxy.store.journal import decode, encode
+from proxy.store.redis_index import (
+    Ingester,
+    OriginIngester,
+    SharedIndex,
+    domain_of,
+    settings_from,
+)
 
 # -- a real redis-server ---------------------------------------------------------------------
 
@@ -749,6 +756,25 @@ def test_cache_domains_keep_each_replica_to_its_domain(tmp_path, warm_state, red
     summary = f"cross-replica targets={len(cross)} found={len(found)} right={len(right)}"
     assert len(found) / len(cross) >= MIN_CROSS_RECALL, summary
     assert len(right) / len(found) >= MIN_RIGHT_SOURCE, summary
+
+
+def test_an_entry_of_another_domain_is_counted_not_ingested():
+    """Two domains given one stream by hand: a replica uses only its own domain's
+    entries (and an entry without a domain field is the default domain's)."""
+    cfg = load(None, detection__key=TEST_KEY)
+    origin, receiver = build_engine(cfg), build_engine(cfg)
+    scan = origin.observe_prompt("alpha", "source-1", SECRET)
+    entry = {b"o": b"elsewhere", b"k": origin.hasher.key_id.encode(),
+             b"r": zlib.compress(encode(scan.prompt), 1), b"t": b"0"}  # fmt: skip
+    counters: dict[str, int] = collections.Counter()
+    ingester = Ingester(receiver, "here", make_logger(None), counters, domain="a")
+    ingester.ingest(b"1-0", {**entry, b"d": b"b"})
+    ingester.ingest(b"2-0", entry)  # the default domain's
+    assert counters["index_other_domain"] == 2 and counters["index_ingested"] == 0
+    ingester.ingest(b"3-0", {**entry, b"d": b"a"})
+    assert counters["index_ingested"] == 1
+    victim = receiver.observe_prompt("beta", "victim-1", "Any news?")
+    assert {f.source_tenant for f in victim.feed(f"Yes: {SECRET}") + victim.finish()} == {"alpha"}
 
 
 def test_a_replica_s_domain_comes_from_its_upstream():

@@ -324,20 +324,30 @@ def prepare(job: ReplayJob) -> tuple[list[InputFile], Any]:
     return sources, log
 
 
-def start_engine(job: ReplayJob, log: Any) -> Engine:
+def start_engine(job: ReplayJob, log: Any) -> tuple[Engine, str]:
     """The engine the live proxy would have: ``job``'s config, its learned state loaded
-    read only (replay never writes it); what became of the state is logged."""
+    read only (replay never writes it), and what became of the state, as logged:
+    ``state.loaded``, ``state.absent``, ``state.unusable`` or ``state.none``."""
     engine = build_engine(job.config)
+    state = state_path(job)
+    if state is None:
+        return engine, "state.none"
+    try:
+        engine.load_commonness(state)
+    except FileNotFoundError:
+        log.info("state.absent", path=state, detail="replaying from a cold engine")
+        return engine, "state.absent"
+    except (OSError, ValueError, KeyError) as e:
+        log.warning("state.unusable", path=state, reason=str(e))
+        return engine, "state.unusable"
+    log.info("state.loaded", path=state)
+    return engine, "state.loaded"
+
+
+def state_path(job: ReplayJob) -> str | None:
+    """The learned state ``job`` starts from (``--state``, else the config's), or None."""
     state = job.config.detection.state_file if job.state is None else job.state
-    if state and state != "none":
-        try:
-            engine.load_commonness(state)
-            log.info("state.loaded", path=state)
-        except FileNotFoundError:
-            log.info("state.absent", path=state, detail="replaying from a cold engine")
-        except (OSError, ValueError, KeyError) as e:
-            log.warning("state.unusable", path=state, reason=str(e))
-    return engine
+    return state if state and state != "none" else None
 
 
 def replay_sources(
@@ -385,7 +395,7 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
     """Replay ``job``'s inputs, log the findings and write the report."""
     sources, log = prepare(job)
     started = time.monotonic()
-    engine = start_engine(job, log)
+    engine, state_outcome = start_engine(job, log)
     engine_config, key_id = engine.config, engine.hasher.key_id
     log.info(
         "replay.started",
@@ -405,7 +415,7 @@ def run_job(job: ReplayJob) -> ReplayOutcome:
         from proxy.forensics.parallel import replay_partitioned
 
         del engine  # each worker builds its own
-        merged = replay_partitioned(job, sources, log, book)
+        merged = replay_partitioned(job, sources, log, book, state_outcome)
         stats, skipped_count, skipped = merged.stats, merged.skipped_count, merged.skipped
     else:
         progress = Progress(sys.stderr, sources) if job.progress else None

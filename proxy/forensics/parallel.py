@@ -32,6 +32,7 @@ from proxy.forensics.job import (
     open_sources,
     replay_sources,
     start_engine,
+    state_path,
 )
 from proxy.forensics.partitions import (
     Partition,
@@ -55,6 +56,7 @@ class PartitionTask:
     job: ReplayJob
     partition: Partition
     formats: list[str]
+    names: list[str]  # the inputs as the parent names them (its positions, its spans)
     log_format: str
     log_path: str | None
     shipped: dict[str, Any] | None = None  # input path -> Ray object holding its bytes
@@ -68,6 +70,7 @@ class PartitionResult:
     skipped: list[Skipped]
     findings: list[tuple[dict[str, Any], float]]
     seconds: float
+    state: str  # what became of the learned state in the worker (``start_engine``)
     log: bytes | None = None  # the events, when the worker could not write them to log_path
 
 
@@ -105,15 +108,19 @@ def run_partition(
         paths = list(job.paths)
         if task.shipped is not None:
             paths = _unship(task.shipped, paths, Path(scratch))
+            if STATE in task.shipped:
+                state_copy = Path(scratch) / "state.npz"
+                state_copy.write_bytes(_ray().get(task.shipped[STATE]))
+                job = replace(job, state=str(state_copy))
         log_path = task.log_path or str(Path(scratch) / "events.log")
         sources = open_sources(paths, job, task.formats)
-        for original, source in zip(job.paths, sources, strict=True):
-            source.path = Path(original)  # positions name the input as the parent does
-            span = partition.spans.get(str(Path(original)))
+        for name, source in zip(task.names, sources, strict=True):
+            source.path = Path(name)  # positions name the input as the parent does
+            span = partition.spans.get(name)
             if span is not None and seekable(source) and not job.learn_every:
                 source.first_offset, source.first_line = span.offset, span.number
         log = make_logger(log_path, job.log_level, task.log_format)
-        engine = start_engine(job, _Quiet())
+        engine, state = start_engine(job, _Quiet())
         findings = FindingList()
         sink = EventSink(log, findings, None, partition.reports_skip)
         stats = replay_sources(job, engine, sources, sink, on_progress, partition)
@@ -125,13 +132,17 @@ def run_partition(
         sink.skipped,
         findings,
         time.monotonic() - started,
+        state,
         events,
     )
 
 
-def _unship(shipped: dict[str, Any], paths: list[str], scratch: Path) -> list[str]:
-    import ray
+#: The key of the learned state among a task's shipped inputs.
+STATE = "\0state"
 
+
+def _unship(shipped: dict[str, Any], paths: list[str], scratch: Path) -> list[str]:
+    ray = _ray()
     local = []
     for i, path in enumerate(paths):
         copy = scratch / f"{i}-{Path(path).name}"
@@ -209,17 +220,26 @@ def merge_stats(parts: Sequence[ReplayStats]) -> ReplayStats:
 
 
 def replay_partitioned(
-    job: ReplayJob, sources: list[InputFile], log: Any, book: IncidentBook
+    job: ReplayJob, sources: list[InputFile], log: Any, book: IncidentBook, state: str
 ) -> Merged:
     """Plan the partitions, run them (processes or Ray), merge: findings into ``book``,
-    the workers' events into the job's log, in partition order."""
-    lines = timelines(job, sources)
-    formats = [s.format for s in sources]
+    the workers' events into the job's log, in partition order. ``state``: what became
+    of the learned state here; a worker whose state fared otherwise (a node without the
+    file) is logged (``replay.partition_state``) and said on stderr."""
+    # Workers may run elsewhere (another working directory, another node): absolute paths.
+    learned = state_path(job)
+    job = replace(
+        job,
+        paths=[str(Path(p).resolve()) for p in job.paths],
+        state=str(Path(learned).resolve()) if learned else "none",
+    )
+    inputs = timelines(job, sources)
+    formats, names = [s.format for s in sources], [s.name for s in sources]
     for source in sources:
         source.close()
     workers = job.jobs if job.ray is None else _ray_workers(job)
     warm_up = warm_up_seconds(job)
-    partitions = plan(lines, workers, warm_up, prefix_cost(job))
+    partitions = plan(inputs, workers, warm_up, prefix_cost(job), back_lines=job.sort_buffer)
     log.info(
         "replay.partitioned",
         partitions=len(partitions),
@@ -235,6 +255,7 @@ def replay_partitioned(
                 job=replace(job, progress=False),
                 partition=p,
                 formats=formats,
+                names=names,
                 log_format=log_format,
                 log_path=None if job.ray is not None else str(Path(scratch) / f"{p.index}.log"),
             )
@@ -252,6 +273,19 @@ def replay_partitioned(
             merged.skipped_count += result.skipped_count
             merged.skipped.extend(result.skipped[: 100 - len(merged.skipped)])
             merged.seconds.append(round(result.seconds, 3))
+            if result.state != state:
+                log.warning(
+                    "replay.partition_state",
+                    partition=result.index,
+                    state=result.state,
+                    expected=state,
+                    detail="this partition's engine did not start from the same learned state",
+                )
+                print(
+                    f"crosstalk replay: partition {result.index + 1}: {result.state}, "
+                    f"expected {state} (is the state file on every node? --ray-ship)",
+                    file=sys.stderr,
+                )
     log.info("replay.partitions_done", seconds=merged.seconds)
     return merged
 
@@ -359,7 +393,9 @@ def _ray() -> Any:
 
 def _connect(job: ReplayJob) -> Any:
     ray = _ray()
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        return ray
+    try:
         if job.ray:
             ray.init(address=job.ray, log_to_driver=False)
         else:  # a Ray of this machine only, started for this replay
@@ -369,6 +405,9 @@ def _connect(job: ReplayJob) -> Any:
                 log_to_driver=False,
                 _node_ip_address="127.0.0.1",
             )
+    except Exception as e:  # noqa: BLE001 -- Ray's errors are many; all end the job
+        where = job.ray or "a local Ray"
+        raise JobError(f"--ray: cannot start or reach {where}: {error_text(e)}") from e
     return ray
 
 
@@ -384,6 +423,9 @@ def _run_ray(job: ReplayJob, tasks: list[PartitionTask]) -> list[PartitionResult
     ray = _connect(job)
     if job.ray_ship:
         shipped = {path: ray.put(Path(path).read_bytes()) for path in job.paths}
+        learned = state_path(job)
+        if learned and Path(learned).is_file():
+            shipped[STATE] = ray.put(Path(learned).read_bytes())
         tasks = [replace(t, shipped=shipped) for t in tasks]
     remote = ray.remote(num_cpus=1, max_retries=0)(run_partition)
     refs = [remote.remote(task) for task in tasks]
@@ -391,18 +433,22 @@ def _run_ray(job: ReplayJob, tasks: list[PartitionTask]) -> list[PartitionResult
     results: list[PartitionResult | None] = [None] * len(tasks)
     pending = list(refs)
     errors = []
-    while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
-        for ref in ready:
-            i = order[ref]
-            try:
-                results[i] = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 -- a task's error, reported whole
-                errors.append(f"partition {i + 1}/{len(tasks)}: {error_text(e)}")
-        if job.progress:
-            done = len(tasks) - len(pending)
-            sys.stderr.write(f"\r\x1b[K{done}/{len(tasks)} partitions done on Ray")
-            sys.stderr.flush()
+    try:
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+            for ref in ready:
+                i = order[ref]
+                try:
+                    results[i] = ray.get(ref)
+                except Exception as e:  # noqa: BLE001 -- a task's error, reported whole
+                    errors.append(f"partition {i + 1}/{len(tasks)}: {error_text(e)}")
+            if job.progress:
+                done = len(tasks) - len(pending)
+                sys.stderr.write(f"\r\x1b[K{done}/{len(tasks)} partitions done on Ray")
+                sys.stderr.flush()
+    finally:
+        for ref in pending:  # interrupted: no task keeps running on the cluster
+            ray.cancel(ref, force=True)
     if job.progress:
         sys.stderr.write("\r\x1b[K")
     if errors:

@@ -135,12 +135,16 @@ class Timeline:
         share = 0.0 if t1 <= t0 else (when - t0) / (t1 - t0)
         return o0 + share * (o1 - o0)
 
-    def span_before(self, when: float) -> LineSpan:
-        """The sampled line to start reading at to see every record from ``when`` on
-        (one sample earlier than needed, for records a little out of order)."""
+    def span_before(self, when: float, back_lines: int) -> LineSpan:
+        """The sampled line to start reading at to see every record from ``when`` on: the
+        last sample before ``when``, then back ``back_lines`` more lines, as far out of
+        time order as the serial replay's sort buffer lets a record be (the file's start
+        when that goes past the first sample)."""
         assert self.lines is not None
-        i = max(0, bisect.bisect_left(self.times, when) - 2)
-        return LineSpan(self.offsets[i], self.lines[i])
+        i = bisect.bisect_left(self.times, when) - 1
+        if i >= 0:
+            i = bisect.bisect_right(self.lines, self.lines[i] - back_lines) - 1
+        return LineSpan(self.offsets[i], self.lines[i]) if i > 0 else LineSpan(0, 1)
 
     def offset_at(self, when: float) -> int:
         """The sampled offset where the records from ``when`` on begin."""
@@ -234,14 +238,19 @@ def seekable(source: InputFile) -> bool:
 
 
 def plan(
-    timelines: Sequence[Timeline], jobs: int, window: float, prefix_cost: float = 0.0
+    timelines: Sequence[Timeline],
+    jobs: int,
+    window: float,
+    prefix_cost: float = 0.0,
+    back_lines: int = 1024,
 ) -> list[Partition]:
     """At most ``jobs`` partitions of the inputs' time span whose costs (bytes of the span
     plus its warm-up, plus ``prefix_cost`` times the bytes before the warm-up) are as
-    even as a binary search on the largest cost makes them."""
+    even as a binary search on the largest cost makes them. A worker seeking in an input
+    starts ``back_lines`` lines before its warm-up's first sample (the sort buffer)."""
     known = [t for t in timelines if t.times]
     if jobs <= 1 or not known:
-        return [_partition(0, 1, -math.inf, math.inf, window, timelines)]
+        return [_partition(0, 1, -math.inf, math.inf, window, timelines, back_lines)]
     lo_t = min(t.times[0] for t in known)
     hi_t = max(t.times[-1] for t in known)
 
@@ -284,20 +293,33 @@ def plan(
             hi_b, best = mid, cuts
     edges = [-math.inf, *best, math.inf]
     count = len(edges) - 1
-    return [_partition(i, count, edges[i], edges[i + 1], window, timelines) for i in range(count)]
+    return [
+        _partition(i, count, edges[i], edges[i + 1], window, timelines, back_lines)
+        for i in range(count)
+    ]
 
 
 def _partition(
-    index: int, count: int, start: float, end: float, window: float, timelines: Sequence[Timeline]
+    index: int,
+    count: int,
+    start: float,
+    end: float,
+    window: float,
+    timelines: Sequence[Timeline],
+    back_lines: int,
 ) -> Partition:
+    """Partition ``index``: its span, warm-up, and per seekable input where it starts
+    reading and which bytes' unreadable records it reports: from its own start line to
+    the next partition's (whose start lies before this one's end, so this one reads
+    that far)."""
     warm_from = start - window
     spans: dict[str, LineSpan] = {}
     owned: dict[str, tuple[int, int]] = {}
     for t in timelines:
         if t.lines is None or not t.times:
             continue
-        spans[t.name] = t.span_before(warm_from) if start > -math.inf else LineSpan(0, 1)
-        own_lo = 0 if start == -math.inf else t.offset_at(start)
-        own_hi = t.size + 1 if end == math.inf else t.offset_at(end)
-        owned[t.name] = (own_lo, own_hi)
+        span = t.span_before(warm_from, back_lines) if start > -math.inf else LineSpan(0, 1)
+        following = t.span_before(end - window, back_lines) if end < math.inf else None
+        spans[t.name] = span
+        owned[t.name] = (span.offset, t.size + 1 if following is None else following.offset)
     return Partition(index, count, start, end, warm_from, spans, owned)

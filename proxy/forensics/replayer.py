@@ -469,8 +469,15 @@ class Replayer:
 
     def learn_only(self, record: ExchangeRecord) -> None:
         """What the engine would never forget of ``record``, learned without replaying
-        it: its prompt's words (``Engine.learn_words``). For the traffic before a
-        partition's warm-up."""
+        it: the words of its prompt and output (``Engine.learn_words``), under the tenant
+        the replay would give it (none when the replay would reject it). For the traffic
+        before a partition's warm-up; a record that cannot be read teaches nothing."""
+        try:
+            self._learn_words(record)
+        except Exception:  # noqa: BLE001 -- as ``_advance``: one record never ends a replay
+            return
+
+    def _learn_words(self, record: ExchangeRecord) -> None:
         route = route_for(record.method, record.path)
         if route is None:
             return
@@ -478,9 +485,12 @@ class Replayer:
             parsed = route.parse_request(record.body)
         except ProtocolError:
             return
-        tenant = (
-            record.tenant or resolve_tenant(self.rules, record.headers, parsed.user) or "anonymous"
-        )
+        tenant = record.tenant or resolve_tenant(self.rules, record.headers, parsed.user)
+        if tenant is None:
+            untenanted = record.tenant_missing is not None
+            if self.config.tenants.unknown == "reject" and not untenanted:
+                return
+            tenant = "anonymous"
         self.engine.learn_words(tenant, parsed.prompt)
         response = record.response
         if response is None or not response.recorded or not response.complete:

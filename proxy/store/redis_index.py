@@ -54,6 +54,7 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from proxy.config import normal_url
 from proxy.engine import Engine
 from proxy.engine.detector import ResponseScan
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
@@ -129,15 +130,6 @@ def settings_from(config: Any, upstreams: Sequence[str] = ()) -> IndexSettings |
         if f.name != "domain"
     }
     return IndexSettings(**fields, domain=domain_of(section, upstreams))
-
-
-def normal_url(url: str) -> str:
-    """``url`` as domains are matched: lower case, no trailing slash, default ports."""
-    url = url.strip().lower().rstrip("/")
-    for scheme, port in (("http://", ":80"), ("https://", ":443")):
-        if url.startswith(scheme) and url.endswith(port):
-            url = url.removesuffix(port)
-    return url
 
 
 def domain_of(section: Any, upstreams: Sequence[str]) -> str:
