@@ -16,6 +16,7 @@ from typing import Any
 
 from proxy.engine import EngineConfig
 from proxy.redaction import scheme_of
+from proxy.store.domains import normal_url
 from proxy.store.journal import JournalSettings
 from proxy.tenants import (
     DEFAULT_SOURCES,
@@ -483,16 +484,6 @@ def _validate_otel(o: OtelSection) -> None:
         raise ConfigError("otel.headers: every value must be a string")
     if o.metrics_interval_seconds <= 0:
         raise ConfigError("otel.metrics_interval_seconds must be > 0")
-
-
-def normal_url(url: str) -> str:
-    """``url`` as cache domains match upstreams: lower case, no trailing slash, no
-    default port."""
-    url = url.strip().lower().rstrip("/")
-    for scheme, port in (("http://", ":80"), ("https://", ":443")):
-        if url.startswith(scheme) and url.endswith(port):
-            url = url.removesuffix(port)
-    return url
 
 
 def _validate_index(index: IndexSection, key: str) -> None:

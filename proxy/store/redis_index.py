@@ -54,11 +54,11 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from proxy.config import normal_url
 from proxy.engine import Engine
 from proxy.engine.detector import ResponseScan
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
 from proxy.redaction import redacted
+from proxy.store.domains import domain_of
 from proxy.store.journal import decode, encode
 
 # Stream entry fields: short names, since Redis stores them in every entry.
@@ -130,23 +130,6 @@ def settings_from(config: Any, upstreams: Sequence[str] = ()) -> IndexSettings |
         if f.name != "domain"
     }
     return IndexSettings(**fields, domain=domain_of(section, upstreams))
-
-
-def domain_of(section: Any, upstreams: Sequence[str]) -> str:
-    """The cache domain of a replica: ``index.domain`` when set, else the domain of
-    ``index.domains`` that lists its upstream ("" when none does: the default domain,
-    every replica in one, as without domains). Raises ValueError when its upstreams lie
-    in two domains (one replica, one domain: it would have to read both)."""
-    if section.domain:
-        return str(section.domain)
-    by_url = {normal_url(u): name for name, urls in section.domains.items() for u in urls}
-    found = {by_url[normal_url(u)] for u in upstreams if normal_url(u) in by_url}
-    if len(found) > 1:
-        raise ValueError(
-            f"index.domains: this replica's upstreams are in {len(found)} cache domains "
-            f"({', '.join(sorted(found))}): run one replica per domain"
-        )
-    return found.pop() if found else ""
 
 
 def new_replica_id(name: str = "") -> str:
