@@ -40,7 +40,7 @@ from proxy.config import Config
 from proxy.engine import Engine, Finding
 from proxy.engine.degenerate import ExchangeWatch
 from proxy.pipeline.exchange import ExchangeMonitor
-from proxy.protocols import ProtocolError, route_for
+from proxy.protocols import ParsedRequest, ProtocolError, route_for
 from proxy.protocols.sse import SSEDecoder, SSEFramer
 from proxy.redaction import error_text
 from proxy.tenants import HeaderView, TenantRules, request_id_of, resolve_tenant
@@ -485,12 +485,9 @@ class Replayer:
             parsed = route.parse_request(record.body)
         except ProtocolError:
             return
-        tenant = record.tenant or resolve_tenant(self.rules, record.headers, parsed.user)
+        tenant, _ = self._tenant_of(record, parsed)
         if tenant is None:
-            untenanted = record.tenant_missing is not None
-            if self.config.tenants.unknown == "reject" and not untenanted:
-                return
-            tenant = "anonymous"
+            return
         self.engine.learn_words(tenant, parsed.prompt)
         response = record.response
         if response is None or not response.recorded or not response.complete:
@@ -511,6 +508,22 @@ class Replayer:
         for texts in by_choice.values():
             self.engine.learn_words(tenant, "".join(texts))
 
+    def _tenant_of(
+        self, record: ExchangeRecord, parsed: ParsedRequest | None
+    ) -> tuple[str | None, bool]:
+        """The tenant the live proxy would give ``record`` (None: rejected, with
+        ``tenants.unknown = "reject"``), and whether its input names no tenant at all
+        (then "anonymous", never rejected: the input's fault, counted apart)."""
+        tenant = record.tenant or resolve_tenant(
+            self.rules, record.headers, parsed.user if parsed else None
+        )
+        untenanted = tenant is None and record.tenant_missing is not None
+        if tenant is None:
+            if self.config.tenants.unknown == "reject" and not untenanted:
+                return None, False
+            tenant = "anonymous"
+        return tenant, untenanted
+
     def _begin(
         self, record: ExchangeRecord, stats: ReplayStats, sink: ReplaySink
     ) -> tuple[ExchangeMonitor, bool] | None:
@@ -529,15 +542,10 @@ class Replayer:
         except ProtocolError:
             stats.unparsed += 1
             parsed = None
-        tenant = record.tenant or resolve_tenant(
-            self.rules, headers, parsed.user if parsed else None
-        )
-        untenanted = tenant is None and record.tenant_missing is not None
+        tenant, untenanted = self._tenant_of(record, parsed)
         if tenant is None:
-            if self.config.tenants.unknown == "reject" and not untenanted:
-                stats.rejected += 1
-                return None
-            tenant = "anonymous"
+            stats.rejected += 1
+            return None
         if untenanted:
             # A log without a tenant field: its exchanges are all one tenant to the
             # engine, so a leak between two of them cannot be seen. Counted, never clean.
