@@ -27,7 +27,7 @@ from proxy.engine._tables cimport (
     sketch_prefetch,
 )
 from proxy.engine._text cimport (
-    append_ascii_units, ascii_word, kgram_count, kgrams_from, list_at, list_of, next_word,
+    append_ascii_units, ascii_word, kgram_count, list_at, list_of, next_word,
     roll_kgrams, specific_ascii_number,
 )
 
@@ -384,9 +384,10 @@ cdef class DeltaScanner:
     new k-grams, and their classification against the index and the commonness sketch
     (``Engine._classify``). A new k-gram that is not common and has an owner other than
     this tenant's requests may be foreign: those few take the slow path (``_scan_held``,
-    the steps of ``scan_kgrams``), the others are done here as ``_learn_from`` does
+    which reads their owners), the others are done here as ``_learn_from`` does
     them (the private k-grams indexed as this output's, the uses queued for the
-    sketch). ``step`` returns the delta's findings. The only written copy of the scan:
+    sketch). ``step`` returns the delta's findings; ``scan_added`` scans units already
+    in the columns (a stream's end, a replayed feed, an ingested output). The only written copy of the scan:
     ``tests/test_core_parity.py`` holds its findings and state to golden records.
 
     Holds the engine's tables by reference: the sketch's counters and the hasher's cache
@@ -409,7 +410,7 @@ cdef class DeltaScanner:
     cdef IndexFields index
     cdef HotTable baseline  # the engine's baseline k-grams (``Engine.baseline``)
     cdef const uint64_t[::1] corpus
-    # What the slow path (scan_kgrams) reads of the engine: its window of requests, the
+    # What the slow path (_scan_held) reads of the engine: its window of requests, the
     # prompt units of a request no longer there, and its configuration.
     cdef dict requests
     cdef object no_units
@@ -463,8 +464,8 @@ cdef class DeltaScanner:
 
     def flush(self, response, ChoiceColumns columns):
         """The end of the choice's stream: its held-back word, a unit now, appended to
-        the columns (``StreamTokenizer.flush`` and ``ResponseScan.add_batch``). Returns ``(first, k-grams)``:
-        the new k-grams and the index of the first, for ``scan_kgrams`` to finish."""
+        the columns (``StreamTokenizer.flush``). Returns how many units the columns held
+        before, for ``scan_added`` to finish."""
         cdef TokenizerState tokenizer = columns.tokenizer
         cdef str text = tokenizer._pending
         cdef Py_ssize_t base = tokenizer._pending_at, consumed = tokenizer._consumed
@@ -475,8 +476,27 @@ cdef class DeltaScanner:
                 self._add_ascii(columns, tokenizer, text, base, consumed, True, 0)
             else:
                 self._add_batch(columns, tokenizer, text, base, consumed, True)
+        return before
+
+    cpdef list scan_added(self, ScanFields response, ChoiceColumns state, choice,
+                          Py_ssize_t before, bint final=False):
+        """The fragment scan of the units added to the choice's columns since it held
+        ``before`` of them, as the delta step scans a delta's (``_classify``); with
+        ``final``, the end of the choice: candidates that waited for a next unit decide,
+        and every run is judged. Returns the findings. The live scan's end, a replayed
+        feed and a whole ingested output all take this path."""
         cdef Py_ssize_t first = max(0, before - self.k + 1)
-        return first, kgrams_from(columns.hashes.data, columns.hashes.size, first, self.k)
+        cdef Py_ssize_t n = kgram_count(state.hashes.size, first, self.k)
+        if n == 0:
+            if not final:
+                return []
+            state.complete = True
+            return self._fragment_findings(response, state, choice, set(state.runs))
+        if n > self.grams_capacity:
+            self._grow_grams(n)
+        roll_kgrams(state.hashes.data, first, n, self.k, self.grams)
+        found = self._classify(response, state, choice, first, n, final)
+        return [] if found is None else found
 
     cdef list step(self, ScanFields response, ChoiceColumns columns, str delta, choice):
         if not delta:
@@ -507,7 +527,7 @@ cdef class DeltaScanner:
         if n > self.grams_capacity:
             self._grow_grams(n)
         roll_kgrams(columns.hashes.data, first, n, self.k, self.grams)
-        return self._classify(response, columns, choice, first, n)
+        return self._classify(response, columns, choice, first, n, False)
 
     cdef int _grow_grams(self, Py_ssize_t n) except -1:
         cdef Py_ssize_t capacity = max(n, 2 * self.grams_capacity, 64)
@@ -711,14 +731,15 @@ cdef class DeltaScanner:
         return n
 
     cdef list _classify(self, ScanFields response, ChoiceColumns state, choice,
-                        Py_ssize_t first, Py_ssize_t n):
+                        Py_ssize_t first, Py_ssize_t n, bint final):
         """The classification of the ``n`` k-grams in ``grams``, the first at unit
         ``first``, and what the output learns from them; the findings, or None. Owned
         but common k-grams (shared system prompts, popular questions) and k-grams only
         this tenant holds (its prompt echoed, its earlier answers) are no evidence of a
-        leak: handled here as ``scan_kgrams`` would handle them. One that
+        leak: handled here without reading their owners. One that
         is not common and has an owner other than this tenant's requests of the window
-        may be foreign: those take the slow path (``_scan_held``)."""
+        may be foreign: those take the slow path (``_scan_held``). ``final``: these are
+        the choice's last units (``scan_added``)."""
         cdef IndexFields index = self.index
         cdef HotTable hot = index._hot
         cdef FrozenGenerations frozen = index._frozen  # a call only after they change
@@ -748,7 +769,8 @@ cdef class DeltaScanner:
                     tenant_owned = set()
                 tenant_owned.add(fp)
         if held:
-            return self._scan_held(response, state, choice, first, n, held, tenant_owned)
+            return self._scan_held(response, state, choice, first, n, held, tenant_owned,
+                                   final)
         cdef Column to_count = response._to_count
         for i in range(n):
             if i + AHEAD < n:
@@ -762,6 +784,9 @@ cdef class DeltaScanner:
             self.index.add_many(list_of(grams, kept), response.output_value, response._now)
         elif kept:
             self._index_fresh(grams, kept, response.output_value, response._now)
+        if final:
+            state.complete = True
+            return self._fragment_findings(response, state, choice, set(state.runs))
         return None
 
     cdef inline bint _private(self, const unsigned short* flat, uint64_t fp, set tenant_owned,
@@ -783,13 +808,15 @@ cdef class DeltaScanner:
             corpus_size > 0 and sorted_has(&self.corpus[0], corpus_size, fp))
 
     cdef list _scan_held(self, ScanFields response, ChoiceColumns state, choice,
-                         Py_ssize_t first, Py_ssize_t n, Py_ssize_t held, set tenant_owned):
+                         Py_ssize_t first, Py_ssize_t n, Py_ssize_t held, set tenant_owned,
+                         bint final):
         """``_classify`` of a delta with ``held`` k-grams another request may hold (at
-        ``held_at``): those are classified and matched as ``scan_kgrams`` would, the
-        others as ``_classify`` does, and the delta is learned in its order, by the calls
-        ``scan_kgrams`` on all of them makes. Like it, all is read before anything is
-        written: the sketch and the index change only once every k-gram is classified.
-        A whole response with one such k-gram no longer takes the slow path for all."""
+        ``held_at``): those are classified and matched against their owners
+        (``_match``), the others as ``_classify`` does, and the delta is learned in its
+        order. All is read before anything is written: the sketch and the index change
+        only once every k-gram is classified. A whole response with one such k-gram
+        takes the slow path for that one only. ``final``: the choice's last units, after
+        which every run is judged (a candidate waiting for its next unit decides)."""
         cdef uint64_t* grams = self.grams
         cdef Py_ssize_t* held_at = self.held_at
         cdef list fps = list_at(grams, held_at, held)
@@ -812,6 +839,9 @@ cdef class DeltaScanner:
                 kept += 1
         state.private_kgrams += kept
         self._learn_from(response, matched.unowned, matched.holders, to_index)
+        if final:
+            state.complete = True
+            matched.touched.update(state.runs)
         return self._fragment_findings(response, state, choice, matched.touched)
 
     def classify(self, dict requests, str tenant, list fps):
@@ -895,32 +925,10 @@ cdef class DeltaScanner:
                 unowned.append(item)
         return private, owners, unowned
 
-    cpdef list scan_kgrams(self, ScanFields response, ChoiceColumns state, choice,
-                           Py_ssize_t first, list fps, bint final=False):
-        """The fragment scan proper: classify and match the k-grams the newest units
-        completed (the first at unit ``first``), then learn from them. Returns the
-        findings. Beside the index's own methods (``lookup``, ``add_many``), Python runs
-        only to count uses of text in the sketch (``Engine._count_use``) and to report a
-        run that is evidence (``ResponseScan._fragment_finding``)."""
-        if not fps:
-            if not final:
-                return []
-            state.complete = True  # candidates that waited for a next unit decide now
-            return self._fragment_findings(response, state, choice, set(state.runs))
-        cdef Matched matched = self._match(response, state, first, fps, NULL)
-        state.private_kgrams += matched.kept
-        self._learn_from(response, matched.unowned, matched.holders,
-                         [fp for fp in fps if fp in matched.private])
-        if final:
-            # Every unit has arrived: candidates that waited for their next unit decide.
-            state.complete = True
-            matched.touched.update(state.runs)
-        return self._fragment_findings(response, state, choice, matched.touched)
-
     cdef Matched _match(self, ScanFields response, ChoiceColumns state, Py_ssize_t first,
                         list fps, const Py_ssize_t* at):
         """The slow path's reading of ``fps`` (``at[i]`` the place of ``fps[i]`` among
-        the new k-grams, the first at unit ``first``; NULL: one after the other):
+        the new k-grams, the first at unit ``first``):
         classified, and each private one that another tenant's request holds covering
         that request's run of this choice. Writes nothing but the choice's runs."""
         cdef tuple classified = self._classify_all(self.requests, response.tenant, fps)
@@ -943,7 +951,7 @@ cdef class DeltaScanner:
                 continue
             foreign = self._foreign_values(response, values, horizon)
             for value in foreign:
-                state._cover(value, first + (i if at == NULL else at[i]), self.k, fps[i],
+                state._cover(value, first + at[i], self.k, fps[i],
                              self._specific_units(value))
                 matched.touched.add(value)
             if foreign:

@@ -58,7 +58,6 @@ from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, Promp
 from proxy.engine.tokens import (
     WORD_WEIGHT,
     StreamTokenizer,
-    UnitBatch,
     ascii_form,
     other_unit_texts,
     unit_batch,
@@ -714,7 +713,7 @@ class ResponseScan(_scan.ScanFields):
         seq = self.engine.tick()
         scanner = self.engine.delta_scanner()
         for choice, state in self._choices.items():
-            found += scanner.scan_kgrams(self, state, choice, *scanner.flush(self, state), True)
+            found += scanner.scan_added(self, state, choice, scanner.flush(self, state), True)
             if state.entities is not None:
                 found += self._met_entities(state, choice, state.entities.finish())
                 raw = state.entities.raw_text
@@ -897,9 +896,10 @@ class ResponseScan(_scan.ScanFields):
         stop = int(choice.batches[i])
         columns = (choice.units, choice.numbers, choice.starts, choice.ends, choice.weights)
         last = i == len(choice.batches) - 1
-        found = self._scan_units(
-            state, choice.choice, *(c[begin:stop].tolist() for c in columns), final=last
-        )
+        before = len(state.hashes)
+        state.add_units(*(c[begin:stop].tolist() for c in columns))
+        scanner = self.engine.delta_scanner()
+        found = scanner.scan_added(self, state, choice.choice, before, last)
         matches = [(s, e, entity_id) for s, e, entity_id, feed in choice.matches if feed == i]
         found += self._entity_findings(choice.choice, matches)
         if last:
@@ -929,44 +929,6 @@ class ResponseScan(_scan.ScanFields):
         )
 
     # -- fragments -----------------------------------------------------------------
-
-    def add_batch(self, state: _ChoiceState, batch: UnitBatch) -> tuple[int, list[int]]:
-        """Append the units the tokenizer completed to the choice's columns (keyed:
-        their hashes, and which are specific numbers); the index of the first k-gram
-        they complete, and those k-grams."""
-        texts = batch.texts
-        numbers = [t[0].isdigit() and is_specific_number(t) for t in texts]
-        hashes = self.engine.hasher.units(texts)
-        return self._add_units(state, hashes, numbers, batch.starts, batch.ends, batch.weights)
-
-    def _add_units(
-        self,
-        state: _ChoiceState,
-        hashes: list[int],
-        numbers: list[bool],
-        starts: list[int],
-        ends: list[int],
-        weights: list[int],
-    ) -> tuple[int, list[int]]:
-        """``_ChoiceState.add_units``, then the k-grams the new units complete."""
-        hasher = self.engine.hasher
-        first, window = state.add_units(hashes, numbers, starts, ends, weights, hasher.k)
-        return first, hasher.kgrams_of_hashes(window)
-
-    def _scan_units(
-        self,
-        state: _ChoiceState,
-        choice: int,
-        hashes: list[int],
-        numbers: list[bool],
-        starts: list[int],
-        ends: list[int],
-        weights: list[int],
-        *,
-        final: bool = False,
-    ) -> list[Finding]:
-        first, fps = self._add_units(state, hashes, numbers, starts, ends, weights)
-        return self.engine.delta_scanner().scan_kgrams(self, state, choice, first, fps, final)
 
     def _use_held(self, fps: list[int], holders: dict[int, tuple[int, ...]]) -> None:
         """This output met ``fps``, which other requests hold. The other tenants that
@@ -1185,11 +1147,8 @@ class _ChoiceState(_scan.ChoiceColumns):
         starts: list[int],
         ends: list[int],
         weights: list[int],
-        k: int,
-    ) -> tuple[int, list[int]]:
-        """Append a batch of units (in columns); return the index of the first k-gram
-        they complete and the unit hashes those k-grams span."""
-        before = len(self.hashes)
+    ) -> None:
+        """Append a batch of units (in columns): a replayed feed's."""
         self.hashes.extend(hashes)
         self.numbers.extend(numbers)
         self.starts.extend(starts)
@@ -1197,8 +1156,6 @@ class _ChoiceState(_scan.ChoiceColumns):
         self.weights.extend(weights)
         # accumulate yields the running total first: it is already the last entry
         self.cumulative.extend(islice(accumulate(weights, initial=self.cumulative[-1]), 1, None))
-        first = max(0, before - k + 1)
-        return first, self.hashes[first:]
 
 
 def beyond(units: list[int], of: list[int]) -> list[int]:
