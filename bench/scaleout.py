@@ -104,7 +104,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -133,7 +132,7 @@ from proxy.eventlog import make_logger  # noqa: E402
 from proxy.factory import build_engine  # noqa: E402
 from proxy.sim.answers import answer_for  # noqa: E402
 from proxy.sim.workload import SimRequest, Workload  # noqa: E402
-from proxy.store.journal import decode  # noqa: E402
+from proxy.store.codec import unpack  # noqa: E402
 from proxy.store.redis_index import OFFERED, RECORD, SharedIndex, settings_from  # noqa: E402
 
 HOST = "127.0.0.1"
@@ -359,12 +358,11 @@ def prescan(engine: Any, n: int, seed: int) -> list[tuple[PromptRecord, OutputRe
 
 
 def record_kind(fields: dict[bytes, bytes]) -> str:
-    """'prompt', 'output' or 'canary': the first bytes of the entry's record."""
-    with contextlib.suppress(KeyError, zlib.error):
-        head = zlib.decompressobj().decompress(fields[RECORD], 24)
-        for kind in ("prompt", "output", "canary"):
-            if f'"t":"{kind}"'.encode() in head:
-                return kind
+    """'prompt', 'output' or 'canary': the start of the entry's packed record."""
+    head = fields.get(RECORD, b"")[:24]
+    for kind in ("prompt", "output", "canary"):
+        if f'"t":"{kind}"'.encode() in head:
+            return kind
     return "?"
 
 
@@ -897,7 +895,7 @@ def replica_reports(groups: list[Group]) -> list[dict]:
 
 
 def stream_memory(client: redis.Redis, stream: str) -> dict[str, float]:
-    entries = units = prompts = payload = raw = 0
+    entries = units = prompts = payload = 0
     last = "-"
     while True:  # XRANGE in pages (bounded by the stream's length)
         page = client.xrange(stream, min=last, max="+", count=1000)
@@ -905,10 +903,8 @@ def stream_memory(client: redis.Redis, stream: str) -> dict[str, float]:
             break
         for _, fields in page:
             entries += 1
-            data = zlib.decompress(fields[RECORD])
             payload += sum(len(k) + len(v) for k, v in fields.items())
-            raw += len(data)
-            record = decode(data)
+            record = unpack(fields[RECORD])
             if isinstance(record, PromptRecord):
                 prompts += 1
                 units += len(record.units)
@@ -926,7 +922,6 @@ def stream_memory(client: redis.Redis, stream: str) -> dict[str, float]:
         "bytes_per_entry": used / max(1, entries),
         "bytes_per_unit_hash": used / max(1, units),
         "entry_fields_bytes_per_entry": payload / max(1, entries),
-        "uncompressed_record_bytes_per_exchange": raw / max(1, prompts),
     }
 
 
@@ -959,8 +954,7 @@ def pair_table(levels: list[Level]) -> str:
 def memory_table(rows: list[dict], pair_fingerprints: int) -> str:
     head = (
         "| stream | entries | exchanges | unit hashes | MEMORY USAGE | B / exchange "
-        "| B / unit hash (= per fingerprint carried) | B / entry | entry fields B "
-        "| uncompressed record B / exchange |"
+        "| B / unit hash (= per fingerprint carried) | B / entry | entry fields B |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for m in rows:
@@ -968,8 +962,7 @@ def memory_table(rows: list[dict], pair_fingerprints: int) -> str:
             f"| {m['stream']} | {m['entries']} | {m['exchanges']} | {m['unit_hashes']} "
             f"| {m['memory_usage_bytes'] / 1e6:.2f} MB | {m['bytes_per_exchange']:.0f} "
             f"| {m['bytes_per_unit_hash']:.1f} | {m['bytes_per_entry']:.0f} "
-            f"| {m['entry_fields_bytes_per_entry']:.0f} "
-            f"| {m['uncompressed_record_bytes_per_exchange']:.0f} |"
+            f"| {m['entry_fields_bytes_per_entry']:.0f} |"
         )
     pair = next((m for m in rows if m["stream"] == PAIR_STREAM), None)
     if pair and pair_fingerprints:

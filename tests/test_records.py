@@ -3,9 +3,11 @@ recorded, text-free, makes the same findings as the one that saw the text."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import numpy as np
+import pytest
 
 from proxy.engine import Engine, EngineConfig
 from proxy.engine.ordered_replay import replay
@@ -13,6 +15,7 @@ from proxy.engine.records import OutputRecord, PromptRecord
 from proxy.sim.answers import answer_for
 from proxy.sim.faults import FaultInjector
 from proxy.sim.workload import Workload
+from proxy.store.codec import DECODE_ERRORS, from_journal_line, journal_line, pack, unpack
 
 KEY = b"r" * 32
 
@@ -94,3 +97,46 @@ def _arrays(record):
                 if hasattr(item, "__slots__"):
                     yield from _arrays(item)
         yield value
+
+
+def same_record(a: object, b: object) -> bool:
+    """Field by field; arrays by value and dtype."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and np.array_equal(a, b)  # type: ignore[attr-defined]
+    if dataclasses.is_dataclass(a):
+        return all(
+            same_record(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a)
+        )
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(map(same_record, a, b))  # type: ignore[arg-type]
+    return a == b
+
+
+def test_both_encodings_give_back_every_field_and_the_findings():
+    live = Engine(EngineConfig(key=KEY))
+    canary, records, live_findings = live_traffic(live, 400)
+    output = next(r for r in records if isinstance(r, OutputRecord) and r.choices[0].matches)
+    # Offsets past 65,535 (a long output): packed four bytes wide instead of two.
+    far = output.choices[0]
+    far = dataclasses.replace(far, starts=far.starts + 70_000, ends=far.ends + 70_000)
+    extra = dataclasses.replace(output, choices=(far,))
+    for record in [canary, *records, extra]:
+        assert same_record(unpack(pack(record)), record), record
+        assert same_record(from_journal_line(journal_line(record)), record), record
+    replica = Engine(EngineConfig(key=KEY))
+    replayed = list(replay(replica, [unpack(pack(r)) for r in [canary, *records]]))
+    assert [(f.request_id, f.finding) for f in replayed] == live_findings
+
+
+def test_bytes_that_are_not_a_packed_record_raise_a_decode_error():
+    engine = Engine(EngineConfig(key=KEY))
+    _, records, _ = live_traffic(engine, 8)
+    packed = pack(next(r for r in records if isinstance(r, OutputRecord)))
+    arrays_at = 8 + int.from_bytes(packed[4:8], "little")
+    wrong_width = packed.replace(b",2]", b",3]", 1)  # offsets neither 2 nor 4 bytes wide
+    assert wrong_width != packed
+    for bad in (b"", b"\0ct1", packed[:-1], packed[: arrays_at - 1], wrong_width, b"x" + packed):
+        with pytest.raises(DECODE_ERRORS):
+            unpack(bad)

@@ -59,7 +59,8 @@ from proxy.eventlog import make_logger
 from proxy.factory import build_engine
 from proxy.sim.answers import answer_for
 from proxy.sim.workload import SimRequest, Workload
-from proxy.store.journal import decode, encode
+from proxy.store.codec import is_packed, pack, unpack
+from proxy.store.journal import encode
 from proxy.store.redis_index import (
     Ingester,
     OriginIngester,
@@ -246,8 +247,17 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
         for i in range(3):
             d.publish(d_engine.observe_prompt("delta", f"d-{i}", SECRET).prompt)
         d.close()  # flushes the outbox synchronously
-        # Entries that cannot be read are counted and skipped, the others still used.
-        for garbage in (b"not zlib", zlib.compress(b'{"t": "prompt"}')):
+        # Entries that cannot be read are counted and skipped, the others still used:
+        # neither packed nor zlib, an old replica's line of no record, a packed record
+        # cut short, one whose array runs past its end.
+        packed = pack(a_engine.observe_prompt("alpha", "cut", SECRET).prompt)
+        arrays_at = 8 + int.from_bytes(packed[4:8], "little")  # magic, length, JSON
+        for garbage in (
+            b"not zlib",
+            zlib.compress(b'{"t": "prompt"}'),
+            packed[:20],
+            packed[:arrays_at] + b"\0" * 8,
+        ):
             server.client().xadd(
                 "crosstalk:records",
                 {"o": "elsewhere", "k": a_engine.hasher.key_id, "r": garbage, "t": "0"},
@@ -256,15 +266,16 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
         e.load_window()
         assert e_counts["index_refused"] == 3 and e_counts["index_ingested"] == 401
         assert len(e_events.named("index.refused")) == 1
-        assert e_counts["index_corrupt"] == 2 and len(e_events.named("index.corrupt")) == 1
+        assert e_counts["index_corrupt"] == 4 and len(e_events.named("index.corrupt")) == 1
         # Nothing that left a replica is text: the secret's words are nowhere in Redis.
         entries = server.client().xrange("crosstalk:records")
         dump = b"".join(
-            zlib.decompress(v) if k == b"r" else v
+            v
             for _, fields in entries
             if fields[b"o"] != b"elsewhere"  # the garbage above
-            for k, v in fields.items()
+            for v in fields.values()
         )
+        assert all(is_packed(f[b"r"]) for _, f in entries if f[b"o"] != b"elsewhere")
         assert b"alpha" in dump and b"source-1" in dump  # tenant and request ids: yes
         words = [w.strip(",:") for w in SECRET.split() if len(w.strip(",:")) >= 7]
         assert len(words) >= 8 and not any(w.encode() in dump for w in words)
@@ -765,7 +776,7 @@ def test_an_entry_of_another_domain_is_counted_not_ingested():
     origin, receiver = build_engine(cfg), build_engine(cfg)
     scan = origin.observe_prompt("alpha", "source-1", SECRET)
     entry = {b"o": b"elsewhere", b"k": origin.hasher.key_id.encode(),
-             b"r": zlib.compress(encode(scan.prompt), 1), b"t": b"0"}  # fmt: skip
+             b"r": pack(scan.prompt), b"t": b"0"}  # fmt: skip
     counters: dict[str, int] = collections.Counter()
     ingester = Ingester(receiver, "here", make_logger(None), counters, domain="a")
     ingester.ingest(b"1-0", {**entry, b"d": b"b"})
@@ -773,6 +784,31 @@ def test_an_entry_of_another_domain_is_counted_not_ingested():
     assert counters["index_other_domain"] == 2 and counters["index_ingested"] == 0
     ingester.ingest(b"3-0", {**entry, b"d": b"a"})
     assert counters["index_ingested"] == 1
+    victim = receiver.observe_prompt("beta", "victim-1", "Any news?")
+    assert {f.source_tenant for f in victim.feed(f"Yes: {SECRET}") + victim.finish()} == {"alpha"}
+
+
+def test_an_older_replica_s_compressed_line_is_still_ingested():
+    """Replicas before packed records sent a zlib-compressed journal line, and an
+    output's every feed: a fleet upgraded one replica at a time still shares them."""
+    cfg = load(None, detection__key=TEST_KEY)
+    origin, receiver = build_engine(cfg), build_engine(cfg)
+    scan = origin.observe_prompt("alpha", "source-1", SECRET)
+    answer = "Noted: the wire of 48,310 EUR goes out on Friday via Helmsworth Bank."
+    for delta in answer.split(" "):
+        scan.feed(delta + " ")
+    scan.finish()
+    assert len(scan.record().choices[0].batches) > 1
+    counters: dict[str, int] = collections.Counter()
+    ingester = Ingester(receiver, "here", make_logger(None), counters)
+    indexed = []
+    for i, record in enumerate((scan.prompt, scan.record())):
+        old = {b"o": b"old", b"k": origin.hasher.key_id.encode(),
+               b"r": zlib.compress(encode(record), 1), b"t": b"0"}  # fmt: skip
+        ingester.ingest(b"%d-0" % (i + 1), old)
+        indexed.append(receiver.fingerprints)
+    assert counters["index_ingested"] == 2 and counters["index_corrupt"] == 0
+    assert 0 < indexed[0] < indexed[1] == origin.fingerprints  # the output's too
     victim = receiver.observe_prompt("beta", "victim-1", "Any news?")
     assert {f.source_tenant for f in victim.feed(f"Yes: {SECRET}") + victim.finish()} == {"alpha"}
 
@@ -799,7 +835,7 @@ def stream_memory(client: redis.Redis) -> dict[str, int]:
     units = entries = 0
     for _, fields in client.xrange("crosstalk:records"):
         entries += 1
-        record = decode(zlib.decompress(fields[b"r"]))
+        record = unpack(fields[b"r"])
         if isinstance(record, PromptRecord):
             units += len(record.units)
         elif isinstance(record, OutputRecord):

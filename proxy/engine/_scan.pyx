@@ -217,6 +217,28 @@ cdef class ChoiceColumns:
         """One of units ``start .. stop-1`` is ``distinct``."""
         return self._distinctive(start, stop)
 
+    def extend_units(self, const uint64_t[::1] hashes, const uint8_t[::1] numbers,
+                     const uint32_t[::1] starts, const uint32_t[::1] ends,
+                     const uint8_t[::1] weights):
+        """Append units given as columns (a replayed feed's: unit hashes, whether each
+        is a specific number, character offsets, weights), then ``scan_added`` scans
+        them. All or none: columns of different lengths raise ValueError."""
+        cdef Py_ssize_t n = hashes.shape[0], i
+        if not (numbers.shape[0] == starts.shape[0] == ends.shape[0] == weights.shape[0] == n):
+            raise ValueError("extend_units: columns of different lengths")
+        for column in (self.hashes, self.numbers, self.starts, self.ends, self.weights,
+                       self.cumulative):
+            (<Column>column).resizable()
+        cdef uint64_t total = self.cumulative.last()
+        for i in range(n):
+            self.hashes.push(hashes[i])
+            self.numbers.push(numbers[i] != 0)
+            self.starts.push(starts[i])
+            self.ends.push(ends[i])
+            self.weights.push(weights[i])
+            total += weights[i]
+            self.cumulative.push(total)
+
     def cover(self, source, Py_ssize_t index, Py_ssize_t k, fp, specific_to=None):
         """Mark units ``index .. index+k-1`` as matching ``source`` (an index value);
         ``specific_to``: the source's prompt units, when the source is an output."""

@@ -28,7 +28,6 @@ import time
 from collections import deque
 from collections.abc import Generator, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, islice
 
 import numpy as np
 
@@ -894,10 +893,15 @@ class ResponseScan(_scan.ScanFields):
         state = self._state(choice.choice)
         begin = int(choice.batches[i - 1]) if i else 0
         stop = int(choice.batches[i])
-        columns = (choice.units, choice.numbers, choice.starts, choice.ends, choice.weights)
         last = i == len(choice.batches) - 1
         before = len(state.hashes)
-        state.add_units(*(c[begin:stop].tolist() for c in columns))
+        state.extend_units(
+            choice.units[begin:stop],
+            choice.numbers[begin:stop].view(np.uint8),
+            choice.starts[begin:stop],
+            choice.ends[begin:stop],
+            choice.weights[begin:stop],
+        )
         scanner = self.engine.delta_scanner()
         found = scanner.scan_added(self, state, choice.choice, before, last)
         matches = [(s, e, entity_id) for s, e, entity_id, feed in choice.matches if feed == i]
@@ -1139,23 +1143,6 @@ class _ChoiceState(_scan.ChoiceColumns):
         self.texts: dict[str, str] = {}
         self.chars = 0
         self.finished = False  # replay: its last step ran
-
-    def add_units(
-        self,
-        hashes: list[int],
-        numbers: list[bool],
-        starts: list[int],
-        ends: list[int],
-        weights: list[int],
-    ) -> None:
-        """Append a batch of units (in columns): a replayed feed's."""
-        self.hashes.extend(hashes)
-        self.numbers.extend(numbers)
-        self.starts.extend(starts)
-        self.ends.extend(ends)
-        self.weights.extend(weights)
-        # accumulate yields the running total first: it is already the last entry
-        self.cumulative.extend(islice(accumulate(weights, initial=self.cumulative[-1]), 1, None))
 
 
 def beyond(units: list[int], of: list[int]) -> list[int]:

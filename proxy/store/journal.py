@@ -16,21 +16,20 @@ position.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO, cast
 
-import numpy as np
 import orjson
 
 from proxy.engine import Engine
 from proxy.engine.ordered_replay import RecordReplayer
-from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
+from proxy.engine.records import CanaryRecord, Record
+from proxy.store.codec import DECODE_ERRORS, from_journal_line, journal_line
 
 FORMAT = "crosstalk-journal"
 VERSION = 1
@@ -52,124 +51,9 @@ class JournalSettings:
 # -- encoding -------------------------------------------------------------------------
 
 
-def _b64(array: np.ndarray) -> str:
-    return base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode()
-
-
-def _array(text: str, dtype: type) -> np.ndarray:
-    return np.frombuffer(base64.b64decode(text), dtype=np.dtype(dtype).newbyteorder("<")).astype(
-        dtype
-    )
-
-
-def _choice_json(c: ChoiceRecord) -> dict[str, Any]:
-    # Offsets as gaps and lengths: small numbers that gzip packs in a byte or two.
-    starts = c.starts.astype(np.int64)
-    return {
-        "c": c.choice,
-        "u": _b64(c.units),
-        "w": np.flatnonzero(c.weights == 1).tolist(),  # the few one-character units
-        "n": np.flatnonzero(c.numbers).tolist(),
-        "g": np.diff(starts, prepend=0).tolist(),
-        "l": (c.ends.astype(np.int64) - starts).tolist(),
-        "b": c.batches.tolist(),
-        "q": np.diff(c.seqs.astype(np.int64), prepend=0).tolist(),
-        "m": [list(m) for m in c.matches],
-        "x": [list(x) for x in c.extracted],
-        "ch": c.chars,
-    }
-
-
-def _choice_record(d: dict[str, Any]) -> ChoiceRecord:
-    units = _array(d["u"], np.uint64)
-    n = len(units)
-    weights = np.full(n, 2, dtype=np.uint8)
-    weights[d["w"]] = 1
-    numbers = np.zeros(n, dtype=bool)
-    numbers[d["n"]] = True
-    starts = np.cumsum(np.asarray(d["g"], dtype=np.int64))
-    ends = starts + np.asarray(d["l"], dtype=np.int64)
-    if not len(starts) == len(ends) == n:
-        raise ValueError("unit columns of different lengths")
-    return ChoiceRecord(
-        int(d["c"]),
-        units,
-        weights,
-        numbers,
-        starts.astype(np.uint32),
-        ends.astype(np.uint32),
-        np.asarray(d["b"], dtype=np.uint32),
-        np.cumsum(np.asarray(d["q"], dtype=np.int64)).astype(np.uint64),
-        tuple((int(s), int(e), str(i), int(f)) for s, e, i, f in d["m"]),
-        tuple((str(k), str(i), int(s), int(e)) for k, i, s, e in d["x"]),
-        int(d["ch"]),
-    )
-
-
-def encode(record: Record) -> bytes:
-    """One journal line (JSON, newline-terminated)."""
-    if isinstance(record, PromptRecord):
-        obj: dict[str, Any] = {
-            "t": "prompt",
-            "time": record.time,
-            "tenant": record.tenant,
-            "rid": record.request_id,
-            "u": _b64(record.units),
-            "mu": _b64(record.model_units),
-            "e": [list(e) for e in record.entities],
-            "seq": record.seq,
-            "lw": record.low_water,
-            "tk": record.turns_known,
-        }
-    elif isinstance(record, OutputRecord):
-        obj = {
-            "t": "output",
-            "time": record.time,
-            "tenant": record.tenant,
-            "rid": record.request_id,
-            "choices": [_choice_json(c) for c in record.choices],
-            "lw": record.low_water,
-            "ps": record.prompt_seq,
-        }
-    else:
-        obj = {
-            "t": "canary",
-            "time": record.time,
-            "tenant": record.tenant,
-            "id": record.entity_id,
-            "seq": record.seq,
-        }
-    return orjson.dumps(obj) + b"\n"
-
-
-def decode(line: bytes) -> Record:
-    """A record from one journal line; ValueError/KeyError/TypeError when corrupt."""
-    d = orjson.loads(line)
-    kind = d["t"]
-    if kind == "prompt":
-        return PromptRecord(
-            str(d["tenant"]),
-            str(d["rid"]),
-            float(d["time"]),
-            _array(d["u"], np.uint64),
-            _array(d["mu"], np.uint64),
-            tuple((str(k), str(i)) for k, i in d["e"]),
-            int(d["seq"]),
-            int(d["lw"]),
-            bool(d.get("tk", False)),  # journals before it: unknown, as plain completions
-        )
-    if kind == "output":
-        return OutputRecord(
-            str(d["tenant"]),
-            str(d["rid"]),
-            float(d["time"]),
-            tuple(_choice_record(c) for c in d["choices"]),
-            int(d["lw"]),
-            int(d["ps"]),
-        )
-    if kind == "canary":
-        return CanaryRecord(str(d["tenant"]), str(d["id"]), float(d["time"]), int(d["seq"]))
-    raise ValueError(f"unknown record type {kind!r}")
+# One schema, two encodings: proxy.store.codec. A journal holds lines.
+encode = journal_line
+decode = from_journal_line
 
 
 def header(key_id: str, k: int) -> bytes:
@@ -338,7 +222,7 @@ def _read_segment(path: Path, key_id: str, k: int, on_corrupt) -> Iterator[Recor
         for number, line in lines:
             try:
                 yield decode(line)
-            except (ValueError, KeyError, TypeError, IndexError) as e:
+            except DECODE_ERRORS as e:
                 on_corrupt(Corrupt(str(path), number, f"{type(e).__name__}: {e}"))
 
 

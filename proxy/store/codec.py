@@ -1,0 +1,244 @@
+"""The keyed records (``proxy.engine.records``) as bytes, in two encodings of one schema.
+
+- A *journal line* (``journal_line`` / ``from_journal_line``): one JSON object, its
+  arrays as base64 text; gzip packs a journal segment of them (``proxy.store.journal``).
+- A *packed record* (``pack`` / ``unpack``): what replicas send each other through Redis
+  (``proxy.store.redis_index``). The same JSON object without its arrays, whose raw
+  little-endian bytes follow it: decoding is one small JSON parse and a view of each
+  array, no base64, no decompression (unit hashes are random 64-bit numbers, which
+  compression cannot shrink). It starts with ``MAGIC``, which no zlib stream, JSON
+  text or journal line starts with.
+
+Both carry every field of a record; decoding raises ``ValueError``, ``OverflowError``,
+``KeyError``, ``TypeError`` or ``IndexError`` on bytes that are not a record
+(``DECODE_ERRORS``).
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
+
+MAGIC = b"\x00ct1"
+_HEAD = struct.Struct("<4sI")  # MAGIC, then the JSON header's length
+DECODE_ERRORS = (ValueError, OverflowError, KeyError, TypeError, IndexError, struct.error)
+
+
+class _Arrays(Protocol):
+    """Where a record's arrays go: ``put`` returns what the JSON object holds in the
+    array's place, ``get`` the array back from it. ``put_offsets`` / ``get_offsets``:
+    the same for character offsets (non-negative, mostly small)."""
+
+    def put(self, array: np.ndarray) -> Any: ...
+
+    def get(self, ref: Any, dtype: type) -> np.ndarray: ...
+
+    def put_offsets(self, array: np.ndarray) -> Any: ...
+
+    def get_offsets(self, ref: Any) -> np.ndarray: ...
+
+
+class _Base64Arrays:
+    """Arrays as base64 text inside the JSON object (journal lines)."""
+
+    def put(self, array: np.ndarray) -> str:
+        return base64.b64encode(array.astype(array.dtype.newbyteorder("<")).tobytes()).decode()
+
+    def get(self, ref: Any, dtype: type) -> np.ndarray:
+        little = np.dtype(dtype).newbyteorder("<")
+        return np.frombuffer(base64.b64decode(ref), dtype=little).astype(dtype)
+
+    def put_offsets(self, array: np.ndarray) -> list[int]:
+        return array.tolist()  # small numbers as JSON text: gzip packs them in a byte or two
+
+    def get_offsets(self, ref: Any) -> np.ndarray:
+        return np.array(ref, dtype=np.uint32)
+
+
+class _RawArrays:
+    """Arrays as raw little-endian bytes after the JSON object (packed records): the
+    object holds ``[offset, count]``. Decoded arrays are read-only views of the bytes."""
+
+    def __init__(self, data: bytes = b"", base: int = 0) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.data, self.base = data, base
+
+    def put(self, array: np.ndarray) -> list[int]:
+        raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        ref = [self.size, len(array)]
+        self.parts.append(raw)
+        self.size += len(raw)
+        return ref
+
+    def get(self, ref: Any, dtype: type) -> np.ndarray:
+        offset, count = int(ref[0]), int(ref[1])
+        little = np.dtype(dtype).newbyteorder("<")
+        start = self.base + offset
+        if offset < 0 or count < 0 or start + count * little.itemsize > len(self.data):
+            raise ValueError("packed record: an array runs past the end")
+        return np.frombuffer(self.data, dtype=little, count=count, offset=start)
+
+    def put_offsets(self, array: np.ndarray) -> list[int]:
+        # Two bytes each unless one does not fit: [offset, count, 2 or 4].
+        wide = len(array) and int(array.max()) > 0xFFFF
+        return [*self.put(array.astype(np.uint32 if wide else np.uint16)), 4 if wide else 2]
+
+    def get_offsets(self, ref: Any) -> np.ndarray:
+        if int(ref[2]) not in (2, 4):
+            raise ValueError("packed record: offsets of an unknown width")
+        return self.get(ref, np.uint32 if int(ref[2]) == 4 else np.uint16).astype(np.uint32)
+
+
+# -- the schema -------------------------------------------------------------------------
+
+
+def _choice_fields(c: ChoiceRecord, arrays: _Arrays) -> dict[str, Any]:
+    # Offsets as gaps and lengths: small numbers.
+    starts = c.starts.astype(np.int64)
+    return {
+        "c": c.choice,
+        "u": arrays.put(c.units),
+        "w": np.flatnonzero(c.weights == 1).tolist(),  # the few one-character units
+        "n": np.flatnonzero(c.numbers).tolist(),
+        "g": arrays.put_offsets(np.diff(starts, prepend=0)),
+        "l": arrays.put_offsets(c.ends.astype(np.int64) - starts),
+        "b": c.batches.tolist(),
+        "q": np.diff(c.seqs.astype(np.int64), prepend=0).tolist(),
+        "m": [list(m) for m in c.matches],
+        "x": [list(x) for x in c.extracted],
+        "ch": c.chars,
+    }
+
+
+def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
+    # A replica ingests thousands of these a second: one numpy call per column, and
+    # none for the columns that are usually empty.
+    units = arrays.get(d["u"], np.uint64)
+    n = len(units)
+    weights = np.full(n, 2, dtype=np.uint8)
+    if d["w"]:
+        weights[d["w"]] = 1
+    numbers = np.zeros(n, dtype=bool)
+    if d["n"]:
+        numbers[d["n"]] = True
+    starts = np.cumsum(arrays.get_offsets(d["g"]), dtype=np.uint32)
+    ends = starts + arrays.get_offsets(d["l"])
+    if not len(starts) == len(ends) == n:
+        raise ValueError("unit columns of different lengths")
+    return ChoiceRecord(
+        int(d["c"]),
+        units,
+        weights,
+        numbers,
+        starts,
+        ends,
+        np.array(d["b"], dtype=np.uint32),
+        np.cumsum(np.array(d["q"], dtype=np.uint64), dtype=np.uint64),
+        tuple((int(s), int(e), str(i), int(f)) for s, e, i, f in d["m"]) if d["m"] else (),
+        tuple((str(k), str(i), int(s), int(e)) for k, i, s, e in d["x"]) if d["x"] else (),
+        int(d["ch"]),
+    )
+
+
+def _fields(record: Record, arrays: _Arrays) -> dict[str, Any]:
+    if isinstance(record, PromptRecord):
+        return {
+            "t": "prompt",
+            "time": record.time,
+            "tenant": record.tenant,
+            "rid": record.request_id,
+            "u": arrays.put(record.units),
+            "mu": arrays.put(record.model_units),
+            "e": [list(e) for e in record.entities],
+            "seq": record.seq,
+            "lw": record.low_water,
+            "tk": record.turns_known,
+        }
+    if isinstance(record, OutputRecord):
+        return {
+            "t": "output",
+            "time": record.time,
+            "tenant": record.tenant,
+            "rid": record.request_id,
+            "choices": [_choice_fields(c, arrays) for c in record.choices],
+            "lw": record.low_water,
+            "ps": record.prompt_seq,
+        }
+    return {
+        "t": "canary",
+        "time": record.time,
+        "tenant": record.tenant,
+        "id": record.entity_id,
+        "seq": record.seq,
+    }
+
+
+def _record(d: dict[str, Any], arrays: _Arrays) -> Record:
+    kind = d["t"]
+    if kind == "prompt":
+        return PromptRecord(
+            str(d["tenant"]),
+            str(d["rid"]),
+            float(d["time"]),
+            arrays.get(d["u"], np.uint64),
+            arrays.get(d["mu"], np.uint64),
+            tuple((str(k), str(i)) for k, i in d["e"]),
+            int(d["seq"]),
+            int(d["lw"]),
+            bool(d.get("tk", False)),  # journals before it: unknown, as plain completions
+        )
+    if kind == "output":
+        return OutputRecord(
+            str(d["tenant"]),
+            str(d["rid"]),
+            float(d["time"]),
+            tuple(_choice_record(c, arrays) for c in d["choices"]),
+            int(d["lw"]),
+            int(d["ps"]),
+        )
+    if kind == "canary":
+        return CanaryRecord(str(d["tenant"]), str(d["id"]), float(d["time"]), int(d["seq"]))
+    raise ValueError(f"unknown record type {kind!r}")
+
+
+# -- the two encodings --------------------------------------------------------------------
+
+
+def journal_line(record: Record) -> bytes:
+    """One journal line (JSON, newline-terminated)."""
+    return orjson.dumps(_fields(record, _Base64Arrays())) + b"\n"
+
+
+def from_journal_line(line: bytes) -> Record:
+    """A record from one journal line."""
+    return _record(orjson.loads(line), _Base64Arrays())
+
+
+def pack(record: Record) -> bytes:
+    """``record`` packed: ``MAGIC``, the header's length, the JSON header, the arrays."""
+    arrays = _RawArrays()
+    head = orjson.dumps(_fields(record, arrays))
+    return b"".join((_HEAD.pack(MAGIC, len(head)), head, *arrays.parts))
+
+
+def is_packed(data: bytes) -> bool:
+    """Whether ``data`` is a packed record (not, say, a compressed journal line)."""
+    return data[: len(MAGIC)] == MAGIC
+
+
+def unpack(data: bytes) -> Record:
+    """The record ``pack`` made; its arrays are read-only views of ``data``."""
+    magic, size = _HEAD.unpack_from(data)
+    if magic != MAGIC:
+        raise ValueError("not a packed record")
+    body = _HEAD.size + size
+    if body > len(data):
+        raise ValueError("packed record: the header runs past the end")
+    return _record(orjson.loads(data[_HEAD.size : body]), _RawArrays(data, body))
