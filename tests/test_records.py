@@ -118,11 +118,13 @@ def test_both_encodings_give_back_every_field_and_the_findings():
     live = Engine(EngineConfig(key=KEY))
     canary, records, live_findings = live_traffic(live, 400)
     output = next(r for r in records if isinstance(r, OutputRecord) and r.choices[0].matches)
-    # Offsets past 65,535 (a long output): packed four bytes wide instead of two.
-    far = output.choices[0]
-    far = dataclasses.replace(far, starts=far.starts + 70_000, ends=far.ends + 70_000)
-    extra = dataclasses.replace(output, choices=(far,))
-    for record in [canary, *records, extra]:
+    # Offsets of every width: a word 300 characters long (two bytes), an output of
+    # 70,000 characters before its first word (four).
+    c = output.choices[0]
+    long_word = dataclasses.replace(c, starts=c.starts + 300, ends=c.ends + 600)
+    far = dataclasses.replace(c, starts=c.starts + 70_000, ends=c.ends + 70_000)
+    extra = [dataclasses.replace(output, choices=(choice,)) for choice in (long_word, far)]
+    for record in [canary, *records, *extra]:
         assert same_record(unpack(pack(record)), record), record
         assert same_record(from_journal_line(journal_line(record)), record), record
     replica = Engine(EngineConfig(key=KEY))
@@ -135,7 +137,7 @@ def test_bytes_that_are_not_a_packed_record_raise_a_decode_error():
     _, records, _ = live_traffic(engine, 8)
     packed = pack(next(r for r in records if isinstance(r, OutputRecord)))
     arrays_at = 8 + int.from_bytes(packed[4:8], "little")
-    wrong_width = packed.replace(b",2]", b",3]", 1)  # offsets neither 2 nor 4 bytes wide
+    wrong_width = packed.replace(b",1]", b",3]", 1)  # offsets neither 1, 2 nor 4 bytes wide
     assert wrong_width != packed
     for bad in (b"", b"\0ct1", packed[:-1], packed[: arrays_at - 1], wrong_width, b"x" + packed):
         with pytest.raises(DECODE_ERRORS):

@@ -27,6 +27,7 @@ from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, Promp
 
 MAGIC = b"\x00ct1"
 _HEAD = struct.Struct("<4sI")  # MAGIC, then the JSON header's length
+_WIDTHS: dict[int, type] = {1: np.uint8, 2: np.uint16, 4: np.uint32}  # bytes -> offsets' dtype
 DECODE_ERRORS = (ValueError, OverflowError, KeyError, TypeError, IndexError, struct.error)
 
 
@@ -86,14 +87,17 @@ class _RawArrays:
         return np.frombuffer(self.data, dtype=little, count=count, offset=start)
 
     def put_offsets(self, array: np.ndarray) -> list[int]:
-        # Two bytes each unless one does not fit: [offset, count, 2 or 4].
-        wide = len(array) and int(array.max()) > 0xFFFF
-        return [*self.put(array.astype(np.uint32 if wide else np.uint16)), 4 if wide else 2]
+        # As few bytes each as the largest needs (gaps between words and their lengths
+        # mostly fit one): [offset, count, width].
+        largest = int(array.max()) if len(array) else 0
+        width = 1 if largest <= 0xFF else 2 if largest <= 0xFFFF else 4
+        return [*self.put(array.astype(_WIDTHS[width])), width]
 
     def get_offsets(self, ref: Any) -> np.ndarray:
-        if int(ref[2]) not in (2, 4):
+        dtype = _WIDTHS.get(int(ref[2]))
+        if dtype is None:
             raise ValueError("packed record: offsets of an unknown width")
-        return self.get(ref, np.uint32 if int(ref[2]) == 4 else np.uint16).astype(np.uint32)
+        return self.get(ref, dtype).astype(np.uint32)
 
 
 # -- the schema -------------------------------------------------------------------------
