@@ -104,6 +104,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -359,10 +360,11 @@ def prescan(engine: Any, n: int, seed: int) -> list[tuple[PromptRecord, OutputRe
 
 def record_kind(fields: dict[bytes, bytes]) -> str:
     """'prompt', 'output' or 'canary': the start of the entry's packed record."""
-    head = fields.get(RECORD, b"")[:24]
-    for kind in ("prompt", "output", "canary"):
-        if f'"t":"{kind}"'.encode() in head:
-            return kind
+    with contextlib.suppress(KeyError, zlib.error):
+        head = zlib.decompressobj().decompress(fields[RECORD], 24)
+        for kind in ("prompt", "output", "canary"):
+            if f'"t":"{kind}"'.encode() in head:
+                return kind
     return "?"
 
 
@@ -904,7 +906,7 @@ def stream_memory(client: redis.Redis, stream: str) -> dict[str, float]:
         for _, fields in page:
             entries += 1
             payload += sum(len(k) + len(v) for k, v in fields.items())
-            record = unpack(fields[RECORD])
+            record = unpack(zlib.decompress(fields[RECORD]))
             if isinstance(record, PromptRecord):
                 prompts += 1
                 units += len(record.units)

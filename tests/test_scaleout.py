@@ -255,8 +255,8 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
         for garbage in (
             b"not zlib",
             zlib.compress(b'{"t": "prompt"}'),
-            packed[:20],
-            packed[:arrays_at] + b"\0" * 8,
+            zlib.compress(packed[:20]),
+            zlib.compress(packed[:arrays_at] + b"\0" * 8),
         ):
             server.client().xadd(
                 "crosstalk:records",
@@ -270,12 +270,13 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
         # Nothing that left a replica is text: the secret's words are nowhere in Redis.
         entries = server.client().xrange("crosstalk:records")
         dump = b"".join(
-            v
+            zlib.decompress(v) if k == b"r" else v
             for _, fields in entries
             if fields[b"o"] != b"elsewhere"  # the garbage above
-            for v in fields.values()
+            for k, v in fields.items()
         )
-        assert all(is_packed(f[b"r"]) for _, f in entries if f[b"o"] != b"elsewhere")
+        ours = [f[b"r"] for _, f in entries if f[b"o"] != b"elsewhere"]
+        assert all(is_packed(zlib.decompress(r)) for r in ours)
         assert b"alpha" in dump and b"source-1" in dump  # tenant and request ids: yes
         words = [w.strip(",:") for w in SECRET.split() if len(w.strip(",:")) >= 7]
         assert len(words) >= 8 and not any(w.encode() in dump for w in words)
@@ -776,7 +777,7 @@ def test_an_entry_of_another_domain_is_counted_not_ingested():
     origin, receiver = build_engine(cfg), build_engine(cfg)
     scan = origin.observe_prompt("alpha", "source-1", SECRET)
     entry = {b"o": b"elsewhere", b"k": origin.hasher.key_id.encode(),
-             b"r": pack(scan.prompt), b"t": b"0"}  # fmt: skip
+             b"r": zlib.compress(pack(scan.prompt)), b"t": b"0"}  # fmt: skip
     counters: dict[str, int] = collections.Counter()
     ingester = Ingester(receiver, "here", make_logger(None), counters, domain="a")
     ingester.ingest(b"1-0", {**entry, b"d": b"b"})
@@ -789,7 +790,7 @@ def test_an_entry_of_another_domain_is_counted_not_ingested():
 
 
 def test_an_older_replica_s_compressed_line_is_still_ingested():
-    """Replicas before packed records sent a zlib-compressed journal line, and an
+    """Replicas before packed records sent a (zlib-compressed) journal line, and an
     output's every feed: a fleet upgraded one replica at a time still shares them."""
     cfg = load(None, detection__key=TEST_KEY)
     origin, receiver = build_engine(cfg), build_engine(cfg)
@@ -835,7 +836,7 @@ def stream_memory(client: redis.Redis) -> dict[str, int]:
     units = entries = 0
     for _, fields in client.xrange("crosstalk:records"):
         entries += 1
-        record = unpack(fields[b"r"])
+        record = unpack(zlib.decompress(fields[b"r"]))
         if isinstance(record, PromptRecord):
             units += len(record.units)
         elif isinstance(record, OutputRecord):

@@ -3,11 +3,10 @@
 - A *journal line* (``journal_line`` / ``from_journal_line``): one JSON object, its
   arrays as base64 text; gzip packs a journal segment of them (``proxy.store.journal``).
 - A *packed record* (``pack`` / ``unpack``): what replicas send each other through Redis
-  (``proxy.store.redis_index``). The same JSON object without its arrays, whose raw
-  little-endian bytes follow it: decoding is one small JSON parse and a view of each
-  array, no base64, no decompression (unit hashes are random 64-bit numbers, which
-  compression cannot shrink). It starts with ``MAGIC``, which no zlib stream, JSON
-  text or journal line starts with.
+  (``proxy.store.redis_index``, which compresses it). The same JSON object without its
+  arrays, whose raw little-endian bytes follow it: decoding is one small JSON parse and
+  a view of each array, no base64. It starts with ``MAGIC``, which no JSON text or
+  journal line starts with.
 
 Both carry every field of a record; decoding raises ``ValueError``, ``OverflowError``,
 ``KeyError``, ``TypeError`` or ``IndexError`` on bytes that are not a record

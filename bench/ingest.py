@@ -1,0 +1,175 @@
+"""What one replica spends ingesting another's exchange, in one process, without Redis.
+
+How: engine A scans ``--exchanges`` exchanges of the scale-out workload (bench/
+scaleout.py's ``prescan``, its learned state); each record becomes the stream entry
+A's ``Publisher`` would send, in both encodings a replica reads (both zlib-compressed):
+a packed record (this version's) and a journal line of every feed (what replicas before
+it sent, still read). For each
+round and encoding, a fresh engine B (the same learned state) is handed the entries by
+``Ingester.ingest``, as the Consumer hands them over: the first half untimed (B's window
+fills), the second half timed with ``thread_time``. The encodings alternate within each
+round; the figure is the minimum over rounds (the machine is shared: the least
+disturbed round), beside it the median of per-round ratios. Each timed run also splits
+its time into decoding (inflating, then ``unpack`` or the journal line's parse),
+prompts (``Engine.ingest_prompt``) and outputs (``ResponseScan.replay_step``).
+
+This is the engine's part of a replica's cost per ingested exchange; bench/scaleout.py
+measures the whole process (the consumer's Redis reads and the event loop as well).
+
+Target (issue 45): at most ``TARGET_MS`` ms of CPU per ingested exchange, packed. Exit
+status 1 when missed.
+
+    python bench/ingest.py [--exchanges 1500] [--rounds 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH))
+
+from scaleout import prescan, warm_state  # noqa: E402
+
+import proxy.store.redis_index as redis_index  # noqa: E402
+from proxy.config import load  # noqa: E402
+from proxy.engine.detector import ResponseScan  # noqa: E402
+from proxy.eventlog import make_logger  # noqa: E402
+from proxy.factory import build_engine  # noqa: E402
+from proxy.store.codec import pack  # noqa: E402
+from proxy.store.journal import encode  # noqa: E402
+
+TARGET_MS = 0.3
+KEY = "ab" * 32
+COUNTERS = ("index_ingested", "index_skipped", "index_remote_findings", "index_refused",
+            "index_corrupt", "index_errors")  # fmt: skip
+ENCODINGS: dict[str, Callable[[Any], bytes]] = {
+    "packed": lambda record: zlib.compress(pack(redis_index.collapsed(record)), 1),
+    "zlib line (before)": lambda record: zlib.compress(encode(record), 1),
+}
+
+
+class Parts:
+    """CPU time (``thread_time``) of the wrapped callables, by part."""
+
+    def __init__(self) -> None:
+        self.seconds = {"decode": 0.0, "prompt": 0.0, "output": 0.0}
+
+    def timed[**P, R](self, part: str, f: Callable[P, R]) -> Callable[P, R]:
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            started = time.thread_time()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                self.seconds[part] += time.thread_time() - started
+
+        return wrapper
+
+
+def ingest_once(
+    state: Path, entries: list[tuple[bytes, dict[bytes, bytes]]]
+) -> tuple[float, dict[str, float]]:
+    """A fresh engine ingests ``entries``; CPU ms per exchange of the second half, and
+    its parts."""
+    engine = build_engine(load(None, detection__key=KEY))
+    engine.load_commonness(state)
+    counters = dict.fromkeys(COUNTERS, 0)
+    ingester = redis_index.Ingester(engine, "b", make_logger(None), counters)
+    half = len(entries) // 2
+    for entry in entries[:half]:
+        ingester.ingest(*entry)
+    parts = Parts()
+    saved = (redis_index.zlib, redis_index.unpack, redis_index.from_journal_line,
+             ResponseScan.replay_step)  # fmt: skip
+    inflate = parts.timed("decode", zlib.decompress)
+    redis_index.zlib = SimpleNamespace(decompress=inflate, error=zlib.error)  # type: ignore[assignment]
+    redis_index.unpack = parts.timed("decode", redis_index.unpack)
+    redis_index.from_journal_line = parts.timed("decode", redis_index.from_journal_line)
+    ResponseScan.replay_step = parts.timed("output", ResponseScan.replay_step)  # type: ignore[method-assign]
+    engine.ingest_prompt = parts.timed("prompt", engine.ingest_prompt)  # type: ignore[method-assign]
+    try:
+        started = time.thread_time()
+        for entry in entries[half:]:
+            ingester.ingest(*entry)
+        seconds = time.thread_time() - started
+    finally:
+        (redis_index.zlib, redis_index.unpack, redis_index.from_journal_line,
+         ResponseScan.replay_step) = saved  # fmt: skip
+    if counters["index_ingested"] != len(entries):
+        raise SystemExit(f"not every entry was ingested: {counters}")
+    exchanges = (len(entries) - half) / 2
+    per = {part: s * 1000 / exchanges for part, s in parts.seconds.items()}
+    return seconds * 1000 / exchanges, per
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--exchanges", type=int, default=1500)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seed", type=int, default=77)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+
+    with tempfile.TemporaryDirectory(prefix="ingest-") as tmp:
+        state = Path(tmp) / "state.npz"
+        warm_state(KEY, state)
+        origin = build_engine(load(None, detection__key=KEY))
+        origin.load_commonness(state)
+        records = [r for pair in prescan(origin, args.exchanges, args.seed) for r in pair]
+        key_id = origin.hasher.key_id.encode()
+        entries = {
+            name: [
+                (
+                    b"%d-0" % i,
+                    {
+                        redis_index.ORIGIN: b"a",
+                        redis_index.KEY: key_id,
+                        redis_index.RECORD: encoded(r),
+                        redis_index.OFFERED: b"0",
+                    },
+                )  # fmt: skip
+                for i, r in enumerate(records, 1)
+            ]
+            for name, encoded in ENCODINGS.items()
+        }
+        runs: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in ENCODINGS}
+        for _ in range(args.rounds):
+            for name in ENCODINGS:
+                runs[name].append(ingest_once(state, entries[name]))
+
+    names = list(ENCODINGS)
+    best = {name: min(runs[name], key=lambda run: run[0]) for name in names}
+    ratios = [b[0] / a[0] for a, b in zip(runs[names[0]], runs[names[1]], strict=True)]
+    size = {
+        name: sum(len(fields[redis_index.RECORD]) for _, fields in entries[name]) * 2 / len(records)
+        for name in names
+    }
+    print(
+        f"ingest: {args.exchanges} exchanges (half timed), {args.rounds} rounds, seed {args.seed}"
+    )
+    print("| encoding | CPU ms per ingested exchange (min) | decode | prompt | output | record B per exchange |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in names:
+        total, per = best[name]
+        print(f"| {name} | {total:.3f} | {per['decode']:.3f} | {per['prompt']:.3f} "
+              f"| {per['output']:.3f} | {size[name]:.0f} |")  # fmt: skip
+    print(f"\nzlib line / packed, median of per-round ratios: {statistics.median(ratios):.2f}")
+    met = best[names[0]][0] <= TARGET_MS
+    print(f"target <= {TARGET_MS} ms per ingested exchange (packed): {'PASS' if met else 'MISS'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"runs": runs, "size": size, "ratios": ratios}))
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
