@@ -299,6 +299,35 @@ def _append_events(events: bytes, log_file: str | None) -> None:
         sys.stderr.flush()
 
 
+class _ProgressLine:
+    """Progress across partitions on one terminal line, rewritten in place (only with
+    ``ReplayJob.progress``), and cleared at the end."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if self.enabled:
+            sys.stderr.write(f"\r\x1b[K{text}")
+            sys.stderr.flush()
+            self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
+
+
+def _all_results(
+    results: list[PartitionResult | None], errors: list[str], what: str
+) -> list[PartitionResult]:
+    """Every partition's result, in order; JobError naming each failed partition."""
+    if errors:
+        raise JobError(f"{what}: " + "; ".join(errors))
+    return [r for r in results if r is not None]
+
+
 # -- processes on this machine ------------------------------------------------------------
 
 
@@ -332,7 +361,7 @@ def _run_processes(job: ReplayJob, tasks: list[PartitionTask]) -> list[Partition
         running.append((proc, receive))
     results: list[PartitionResult | None] = [None] * len(tasks)
     errors: list[str] = []
-    shown = False
+    line = _ProgressLine(job.progress)
     try:
         pending = set(range(len(tasks)))
         while pending:
@@ -355,27 +384,17 @@ def _run_processes(job: ReplayJob, tasks: list[PartitionTask]) -> list[Partition
                         f"partition {i + 1}/{len(tasks)}: worker exited with status "
                         f"{proc.exitcode} before its result"
                     )
-            if job.progress:
-                done = len(tasks) - len(pending)
-                records = int(sum(progress[0::2]))
-                findings = int(sum(progress[1::2]))
-                sys.stderr.write(
-                    f"\r\x1b[K{done}/{len(tasks)} partitions done  {records:,} records  "
-                    f"{findings:,} findings"
-                )
-                sys.stderr.flush()
-                shown = True
+            line.show(
+                f"{len(tasks) - len(pending)}/{len(tasks)} partitions done  "
+                f"{int(sum(progress[0::2])):,} records  {int(sum(progress[1::2])):,} findings"
+            )
     finally:
-        if shown:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
+        line.clear()
         for proc, _ in running:
             if proc.is_alive():
                 proc.terminate()
             proc.join()
-    if errors:
-        raise JobError("replay worker failed: " + "; ".join(errors))
-    return [r for r in results if r is not None]
+    return _all_results(results, errors, "replay worker failed")
 
 
 # -- Ray ------------------------------------------------------------------------------------
@@ -432,7 +451,8 @@ def _run_ray(job: ReplayJob, tasks: list[PartitionTask]) -> list[PartitionResult
     order = {ref: i for i, ref in enumerate(refs)}
     results: list[PartitionResult | None] = [None] * len(tasks)
     pending = list(refs)
-    errors = []
+    errors: list[str] = []
+    line = _ProgressLine(job.progress)
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
@@ -442,15 +462,9 @@ def _run_ray(job: ReplayJob, tasks: list[PartitionTask]) -> list[PartitionResult
                     results[i] = ray.get(ref)
                 except Exception as e:  # noqa: BLE001 -- a task's error, reported whole
                     errors.append(f"partition {i + 1}/{len(tasks)}: {error_text(e)}")
-            if job.progress:
-                done = len(tasks) - len(pending)
-                sys.stderr.write(f"\r\x1b[K{done}/{len(tasks)} partitions done on Ray")
-                sys.stderr.flush()
+            line.show(f"{len(tasks) - len(pending)}/{len(tasks)} partitions done on Ray")
     finally:
+        line.clear()
         for ref in pending:  # interrupted: no task keeps running on the cluster
             ray.cancel(ref, force=True)
-    if job.progress:
-        sys.stderr.write("\r\x1b[K")
-    if errors:
-        raise JobError("replay task failed: " + "; ".join(errors))
-    return [r for r in results if r is not None]
+    return _all_results(results, errors, "replay task failed")
