@@ -30,7 +30,7 @@ test: $(STAMP)
 
 # Every benchmark runs; the target fails if any of them missed a target.
 bench: $(STAMP)
-	@status=0; for b in quality engine passthrough replay replay_jobs scaleout; do \
+	@status=0; for b in quality engine passthrough replay replay_jobs scaleout ingest; do \
 	    $(PY) bench/$$b.py || { echo "bench/$$b.py: target missed" >&2; status=1; }; \
 	done; exit $$status
 
