@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
+import orjson
 import pytest
 
 from proxy.engine import Engine, EngineConfig
@@ -139,6 +142,43 @@ def test_bytes_that_are_not_a_packed_record_raise_a_decode_error():
     arrays_at = 8 + int.from_bytes(packed[4:8], "little")
     wrong_width = packed.replace(b",1]", b",3]", 1)  # offsets neither 1, 2 nor 4 bytes wide
     assert wrong_width != packed
-    for bad in (b"", b"\0ct1", packed[:-1], packed[: arrays_at - 1], wrong_width, b"x" + packed):
+    # packed[:-8]: the last array cut (its padding to 8 bytes is shorter than that)
+    for bad in (b"", b"\0ct1", packed[:-8], packed[: arrays_at - 1], wrong_width, b"x" + packed):
         with pytest.raises(DECODE_ERRORS):
             unpack(bad)
+
+    def with_header(change: Callable[[dict[str, Any]], None]) -> bytes:
+        header = orjson.loads(packed[8:arrays_at])
+        change(header)
+        head = orjson.dumps(header)
+        head += b" " * (-len(head) % 8)
+        return packed[:4] + len(head).to_bytes(4, "little") + head + packed[arrays_at:]
+
+    assert same_record(unpack(with_header(lambda h: None)), unpack(packed))
+    hostile: list[Callable[[dict[str, Any]], None]] = [
+        lambda h: h["choices"][0].update(w=True),  # would make every unit one character
+        lambda h: h["choices"][0].update(n=[-1]),  # would wrap to the last unit
+        lambda h: h["choices"][0].update(n=[10**6]),
+        lambda h: h["choices"][0].update(b=5),
+        lambda h: h["choices"][0].update(q=[[1, 2]]),
+        lambda h: h.update(time="nan"),
+        lambda h: h.update(choices=[{}]),
+        lambda h: h.update(t="nothing"),
+    ]
+    for change in hostile:
+        with pytest.raises(DECODE_ERRORS):
+            unpack(with_header(change))
+
+
+def test_packed_arrays_are_aligned_and_units_out_of_order_are_refused():
+    engine = Engine(EngineConfig(key=KEY))
+    _, records, _ = live_traffic(engine, 8)
+    output = next(r for r in records if isinstance(r, OutputRecord))
+    for record in records:
+        back = unpack(pack(record))
+        arrays = [back.units] if isinstance(back, PromptRecord) else [back.choices[0].units]
+        assert all(a.flags.aligned for a in arrays)  # compiled code reads them as words
+    c = output.choices[0]
+    backwards = dataclasses.replace(c, starts=c.starts[::-1].copy(), ends=c.ends[::-1].copy())
+    with pytest.raises(ValueError, match="out of order"):
+        pack(dataclasses.replace(output, choices=(backwards,)))

@@ -789,6 +789,24 @@ def test_an_entry_of_another_domain_is_counted_not_ingested():
     assert {f.source_tenant for f in victim.feed(f"Yes: {SECRET}") + victim.finish()} == {"alpha"}
 
 
+def test_an_entry_that_inflates_past_the_limit_is_corrupt(monkeypatch):
+    """A compressed entry is inflated up to ``MAX_RECORD_BYTES``, no further (a zip bomb
+    in the stream costs nothing but a count)."""
+    monkeypatch.setattr("proxy.store.redis_index.MAX_RECORD_BYTES", 4096)
+    receiver = build_engine(load(None, detection__key=TEST_KEY))
+    counters: dict[str, int] = collections.Counter()
+    ingester = Ingester(receiver, "here", make_logger(None), counters)
+    key = receiver.hasher.key_id.encode()
+    bomb = {b"o": b"x", b"k": key, b"r": zlib.compress(bytes(1 << 20)), b"t": b"0"}
+    ingester.ingest(b"1-0", bomb)
+    assert counters["index_corrupt"] == 1 and counters["index_ingested"] == 0
+    prompt = receiver.observe_prompt("alpha", "source-1", SECRET).prompt
+    fits = {**bomb, b"r": zlib.compress(pack(prompt))}
+    assert len(zlib.decompress(fits[b"r"])) < 4096
+    ingester.ingest(b"2-0", fits)
+    assert counters["index_ingested"] == 1
+
+
 def test_an_older_replica_s_compressed_line_is_still_ingested():
     """Replicas before packed records sent a (zlib-compressed) journal line, and an
     output's every feed: a fleet upgraded one replica at a time still shares them."""

@@ -226,9 +226,12 @@ cdef class ChoiceColumns:
         cdef Py_ssize_t n = hashes.shape[0], i
         if not (numbers.shape[0] == starts.shape[0] == ends.shape[0] == weights.shape[0] == n):
             raise ValueError("extend_units: columns of different lengths")
+        cdef Column column
         for column in (self.hashes, self.numbers, self.starts, self.ends, self.weights,
                        self.cumulative):
-            (<Column>column).resizable()
+            column.resizable()
+            if column.size + n > column.capacity:
+                column.grow(column.size + n)  # all room first: no push below can fail
         cdef uint64_t total = self.cumulative.last()
         for i in range(n):
             self.hashes.push(hashes[i])
@@ -836,9 +839,10 @@ cdef class DeltaScanner:
         ``held_at``): those are classified and matched against their owners
         (``_match``), the others as ``_classify`` does, and the delta is learned in its
         order. All is read before anything is written: the sketch and the index change
-        only once every k-gram is classified. A whole response with one such k-gram
-        takes the slow path for that one only. ``final``: the choice's last units, after
-        which every run is judged (a candidate waiting for its next unit decides)."""
+        only once every k-gram is classified. From the first such k-gram on, the held
+        ones take the slow path; the others of the delta do not. ``final``: the
+        choice's last units, after which every run is judged (a candidate waiting for
+        its next unit decides)."""
         cdef uint64_t* grams = self.grams
         cdef Py_ssize_t* held_at = self.held_at
         cdef list fps = list_at(grams, held_at, held)

@@ -16,6 +16,7 @@ Both carry every field of a record; decoding raises ``ValueError``, ``OverflowEr
 from __future__ import annotations
 
 import base64
+import math
 import struct
 from typing import Any, Protocol
 
@@ -63,7 +64,9 @@ class _Base64Arrays:
 
 class _RawArrays:
     """Arrays as raw little-endian bytes after the JSON object (packed records): the
-    object holds ``[offset, count]``. Decoded arrays are read-only views of the bytes."""
+    object holds ``[offset, count]``. Each array starts on a multiple of 8 bytes, so
+    that the decoded arrays, read-only views of the bytes, are aligned for compiled
+    code that reads them as 64-bit words."""
 
     def __init__(self, data: bytes = b"", base: int = 0) -> None:
         self.parts: list[bytes] = []
@@ -73,8 +76,8 @@ class _RawArrays:
     def put(self, array: np.ndarray) -> list[int]:
         raw = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
         ref = [self.size, len(array)]
-        self.parts.append(raw)
-        self.size += len(raw)
+        self.parts.append(raw + bytes(-len(raw) % 8))
+        self.size += len(self.parts[-1])
         return ref
 
     def get(self, ref: Any, dtype: type) -> np.ndarray:
@@ -88,6 +91,8 @@ class _RawArrays:
     def put_offsets(self, array: np.ndarray) -> list[int]:
         # As few bytes each as the largest needs (gaps between words and their lengths
         # mostly fit one): [offset, count, width].
+        if len(array) and int(array.min()) < 0:
+            raise ValueError("packed record: units out of order")
         largest = int(array.max()) if len(array) else 0
         width = 1 if largest <= 0xFF else 2 if largest <= 0xFFFF else 4
         return [*self.put(array.astype(_WIDTHS[width])), width]
@@ -120,30 +125,48 @@ def _choice_fields(c: ChoiceRecord, arrays: _Arrays) -> dict[str, Any]:
     }
 
 
+def _positions(values: Any, n: int) -> Any:
+    """``values`` as indexes of a column of ``n``: a list of ints in ``[0, n)``."""
+    in_range = type(values) is list and all(type(i) is int and 0 <= i < n for i in values)
+    if values and not in_range:
+        raise ValueError("positions out of range")
+    return values
+
+
+def _column(values: Any, dtype: type) -> np.ndarray:
+    """A one-dimensional column of ``values``."""
+    column: np.ndarray = np.array(values, dtype=dtype)
+    if column.ndim != 1:
+        raise ValueError("a column that is not a list")
+    return column
+
+
 def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
     # A replica ingests thousands of these a second: one numpy call per column, and
     # none for the columns that are usually empty.
     units = arrays.get(d["u"], np.uint64)
     n = len(units)
     weights = np.full(n, 2, dtype=np.uint8)
-    if d["w"]:
-        weights[d["w"]] = 1
+    if w := _positions(d["w"], n):
+        weights[w] = 1
     numbers = np.zeros(n, dtype=bool)
-    if d["n"]:
-        numbers[d["n"]] = True
-    starts = np.cumsum(arrays.get_offsets(d["g"]), dtype=np.uint32)
+    if specific := _positions(d["n"], n):
+        numbers[specific] = True
+    starts = np.cumsum(arrays.get_offsets(d["g"]), dtype=np.uint64)
     ends = starts + arrays.get_offsets(d["l"])
     if not len(starts) == len(ends) == n:
         raise ValueError("unit columns of different lengths")
+    if n and ends[-1] > 0xFFFFFFFF:
+        raise ValueError("offsets past 32 bits")
     return ChoiceRecord(
         int(d["c"]),
         units,
         weights,
         numbers,
-        starts,
-        ends,
-        np.array(d["b"], dtype=np.uint32),
-        np.cumsum(np.array(d["q"], dtype=np.uint64), dtype=np.uint64),
+        starts.astype(np.uint32),
+        ends.astype(np.uint32),
+        _column(d["b"], np.uint32),
+        np.cumsum(_column(d["q"], np.uint64), dtype=np.uint64),
         tuple((int(s), int(e), str(i), int(f)) for s, e, i, f in d["m"]) if d["m"] else (),
         tuple((str(k), str(i), int(s), int(e)) for k, i, s, e in d["x"]) if d["x"] else (),
         int(d["ch"]),
@@ -183,13 +206,20 @@ def _fields(record: Record, arrays: _Arrays) -> dict[str, Any]:
     }
 
 
+def _time(value: Any) -> float:
+    when = float(value)
+    if not math.isfinite(when):
+        raise ValueError(f"time {value!r}")
+    return when
+
+
 def _record(d: dict[str, Any], arrays: _Arrays) -> Record:
     kind = d["t"]
     if kind == "prompt":
         return PromptRecord(
             str(d["tenant"]),
             str(d["rid"]),
-            float(d["time"]),
+            _time(d["time"]),
             arrays.get(d["u"], np.uint64),
             arrays.get(d["mu"], np.uint64),
             tuple((str(k), str(i)) for k, i in d["e"]),
@@ -201,13 +231,13 @@ def _record(d: dict[str, Any], arrays: _Arrays) -> Record:
         return OutputRecord(
             str(d["tenant"]),
             str(d["rid"]),
-            float(d["time"]),
+            _time(d["time"]),
             tuple(_choice_record(c, arrays) for c in d["choices"]),
             int(d["lw"]),
             int(d["ps"]),
         )
     if kind == "canary":
-        return CanaryRecord(str(d["tenant"]), str(d["id"]), float(d["time"]), int(d["seq"]))
+        return CanaryRecord(str(d["tenant"]), str(d["id"]), _time(d["time"]), int(d["seq"]))
     raise ValueError(f"unknown record type {kind!r}")
 
 
@@ -228,6 +258,7 @@ def pack(record: Record) -> bytes:
     """``record`` packed: ``MAGIC``, the header's length, the JSON header, the arrays."""
     arrays = _RawArrays()
     head = orjson.dumps(_fields(record, arrays))
+    head += b" " * (-len(head) % 8)  # the arrays start on a multiple of 8 bytes
     return b"".join((_HEAD.pack(MAGIC, len(head)), head, *arrays.parts))
 
 
