@@ -195,3 +195,34 @@ def test_drain_finishes_a_generator_under_way():
         assert order == ["a", "b", "c"] and len(queue) == 0
 
     asyncio.run(main())
+
+
+def test_an_item_of_many_steps_is_overdue_once():
+    """A generator item past max_delay runs step by step without waiting for idle: one
+    overdue item, however many steps (the metric counts items: at most one an exchange)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        queue = IdleQueue(max_delay=0.0)
+        a, b = socket.socketpair()
+        b.send(b"x")
+        loop.add_reader(a.fileno(), lambda: None)  # ready until read: the loop is busy
+        steps: list[int] = []
+
+        def scan():
+            for i in range(50):
+                steps.append(i)
+                yield
+
+        try:
+            queue.push(scan)
+            queue.push(steps.append, -1)
+            await _until(lambda: len(steps) == 51)
+            assert steps == [*range(50), -1]
+            assert queue.overdue == 2  # two items, not 51 steps
+        finally:
+            loop.remove_reader(a.fileno())
+            a.close()
+            b.close()
+
+    asyncio.run(main())

@@ -50,13 +50,15 @@ class IdleQueue:
         self.max_items = max_items
         self.slice_seconds = slice_seconds
         self.on_error = on_error  # told of each item that raised (then it is dropped)
-        # (when queued, a callable or a generator under way, the callable's arguments)
+        # (when queued, a callable or a generator under way, the callable's arguments,
+        # whether it was counted overdue already)
         self._items: deque[
-            tuple[float, Callable[..., Any] | Generator[Any, None, Any], tuple[Any, ...]]
+            tuple[float, Callable[..., Any] | Generator[Any, None, Any], tuple[Any, ...], bool]
         ] = deque()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._scheduled = False
-        #: Items run before the loop was idle (``max_delay`` / ``max_items`` reached).
+        #: Items run before the loop was idle (``max_delay`` / ``max_items`` reached),
+        #: each counted once however many steps of it ran so.
         self.overdue = 0
         #: Items whose callable raised: counted and passed to ``on_error``, never
         #: propagated to the loop.
@@ -75,10 +77,10 @@ class IdleQueue:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._items.append((time.monotonic(), fn, args))
+            self._items.append((time.monotonic(), fn, args, False))
             self.drain()
             return
-        self._items.append((time.monotonic(), fn, args))
+        self._items.append((time.monotonic(), fn, args, False))
         if not self._scheduled or loop is not self._loop:
             self._loop = loop
             self._scheduled = True
@@ -92,12 +94,12 @@ class IdleQueue:
     def _run_head(self) -> None:
         """Run the first item, or one step of it when it is (or returned) a generator;
         an unfinished generator goes back to the head."""
-        enqueued, item, args = self._items.popleft()
+        enqueued, item, args, counted = self._items.popleft()
         try:
             steps = item if isinstance(item, Generator) else item(*args)
             if isinstance(steps, Generator):
                 next(steps)
-                self._items.appendleft((enqueued, steps, ()))
+                self._items.appendleft((enqueued, steps, (), counted))
         except StopIteration:
             pass
         except Exception as e:  # noqa: BLE001 -- never the loop's problem
@@ -110,10 +112,13 @@ class IdleQueue:
         started = time.monotonic()
         while self._items:
             now = time.monotonic()
-            overdue = now - self._items[0][0] > self.max_delay or len(self._items) > self.max_items
+            enqueued, item, args, counted = self._items[0]
+            overdue = now - enqueued > self.max_delay or len(self._items) > self.max_items
             if not overdue and (now - started > self.slice_seconds or self._loop_busy()):
                 break
-            self.overdue += overdue
+            if overdue and not counted:
+                self.overdue += 1
+                self._items[0] = (enqueued, item, args, True)
             self._run_head()
         loop = self._loop
         if self._items and loop is not None and not loop.is_closed():
