@@ -62,16 +62,37 @@ def parse_window(text: str) -> float:
     return seconds
 
 
+class StatusLine:
+    """One line on a terminal, rewritten in place; ``clear`` erases it (before anything
+    else is written there). Disabled: writes nothing."""
+
+    def __init__(self, stream: IO[str], enabled: bool = True) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self._shown = False
+
+    def show(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write(f"\r\x1b[K{text}")
+            self.stream.flush()
+            self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self._shown = False
+
+
 class Progress:
-    """One self-rewriting status line on a terminal (at most 5 redraws a second)."""
+    """The replay's progress on a ``StatusLine`` (at most 5 redraws a second)."""
 
     def __init__(self, stream: IO[str], sources: list[InputFile]) -> None:
-        self.stream = stream
+        self.line = StatusLine(stream)
         self.sources = sources
         self.total = sum(s.size for s in sources) or 1
         self.started = time.monotonic()
         self._last = 0.0
-        self._shown = False
 
     def update(self, stats: ReplayStats, force: bool = False) -> None:
         now = time.monotonic()
@@ -82,20 +103,14 @@ class Progress:
         rate = stats.records / max(now - self.started, 1e-9)
         width = 24
         filled = int(width * min(1.0, done / self.total))
-        self.stream.write(
-            f"\r\x1b[K[{'#' * filled}{'.' * (width - filled)}] {100 * done / self.total:5.1f}% "
+        self.line.show(
+            f"[{'#' * filled}{'.' * (width - filled)}] {100 * done / self.total:5.1f}% "
             f"{done / 1e6:,.1f}/{self.total / 1e6:,.1f} MB  {stats.records:,} records "
             f"({rate:,.0f}/s)  {stats.findings:,} findings"
         )
-        self.stream.flush()
-        self._shown = True
 
     def clear(self) -> None:
-        """Erase the line (before anything else is written to the terminal)."""
-        if self._shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self._shown = False
+        self.line.clear()
 
 
 @dataclass

@@ -29,6 +29,7 @@ from proxy.forensics.job import (
     EventSink,
     JobError,
     ReplayJob,
+    StatusLine,
     open_sources,
     replay_sources,
     start_engine,
@@ -299,26 +300,6 @@ def _append_events(events: bytes, log_file: str | None) -> None:
         sys.stderr.flush()
 
 
-class _ProgressLine:
-    """Progress across partitions on one terminal line, rewritten in place (only with
-    ``ReplayJob.progress``), and cleared at the end."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.shown = False
-
-    def show(self, text: str) -> None:
-        if self.enabled:
-            sys.stderr.write(f"\r\x1b[K{text}")
-            sys.stderr.flush()
-            self.shown = True
-
-    def clear(self) -> None:
-        if self.shown:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-
-
 def _all_results(
     results: list[PartitionResult | None], errors: list[str], what: str
 ) -> list[PartitionResult]:
@@ -361,7 +342,7 @@ def _run_processes(job: ReplayJob, tasks: list[PartitionTask]) -> list[Partition
         running.append((proc, receive))
     results: list[PartitionResult | None] = [None] * len(tasks)
     errors: list[str] = []
-    line = _ProgressLine(job.progress)
+    line = StatusLine(sys.stderr, job.progress)
     try:
         pending = set(range(len(tasks)))
         while pending:
@@ -452,7 +433,7 @@ def _run_ray(job: ReplayJob, tasks: list[PartitionTask]) -> list[PartitionResult
     results: list[PartitionResult | None] = [None] * len(tasks)
     pending = list(refs)
     errors: list[str] = []
-    line = _ProgressLine(job.progress)
+    line = StatusLine(sys.stderr, job.progress)
     try:
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
