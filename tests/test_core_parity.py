@@ -355,6 +355,32 @@ def filled_index(rng: random.Random, keys: list[int]) -> FingerprintIndex:
     return index
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.integers(0, 2**32), st.integers(1, 400), st.integers(1, 6), st.integers(1, 300))
+def test_adding_to_held_keys_is_the_reference_loop(seed, size, cap, room):
+    """``HotTable.add_values`` leaves the table and ``more`` as the Python loop did, and
+    stops at the same key when the room runs out (where add_many freezes)."""
+    rng = random.Random(seed)
+    keys = [rng.getrandbits(64) for _ in range(size // 2 + 1)] + [0]
+    table, expected_table = _tables.HotTable(), {}
+    more: dict[int, tuple[int, ...]] = {}
+    for key in rng.sample(keys, len(keys) // 2):  # held already, by values 1-3
+        first = rng.randint(1, 3)
+        table[key] = expected_table[key] = first
+        if rng.random() < 0.3:
+            more[key] = (first, *rng.sample(range(4, 12), rng.randint(1, cap)))[-cap:]
+    expected_more = dict(more)
+    value = rng.choice([1, 2, 3, 5, 9])
+    fps = rng.choices(keys, k=size)
+    start = rng.randint(0, size)
+    compiled = table.add_values(fps, start, value, more, cap, room)
+    assert compiled == reference.add_values(
+        expected_table, fps, start, value, expected_more, cap, room
+    )
+    assert dict(table.items()) == expected_table
+    assert more == expected_more
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32), st.integers(1, 600))
 def test_frozen_lookup_is_the_reference_one(seed, size):

@@ -722,6 +722,45 @@ cdef class HotTable:
                 rest.append(fp)
         return added, rest
 
+    def add_values(self, list fingerprints, Py_ssize_t start, uint32_t value, dict more,
+                   Py_ssize_t cap, Py_ssize_t room):
+        """``FingerprintIndex.add_many``'s loop over the keys ``add_fresh`` left, from
+        ``fingerprints[start]`` on: a key not held is added with ``value``; a key held
+        with other values gets ``value`` too, in ``more`` (key -> its values, oldest
+        first, an untracked tuple of at most ``cap``: the oldest goes). Stops before the
+        next key once ``room`` entries were added, where the caller freezes the table.
+        Returns the entries added (net of the oldest dropped), how many keys changed,
+        and the index of the first key not handled. ``reference.add_values`` is the
+        Python loop it replaced."""
+        cdef Py_ssize_t i, n = len(fingerprints), added = 0, changed = 0
+        cdef uint32_t held
+        cdef uint64_t key
+        cdef tuple values
+        for i in range(start, n):
+            if added >= room:
+                return added, changed, i
+            fp = fingerprints[i]
+            key = <uint64_t>fp
+            if not self.find(key, &held):
+                self.put(key, value, False)
+            else:
+                values = more.get(fp)
+                if values is None:
+                    if held == value:
+                        continue
+                    more[fp] = untracked((held, value))
+                else:
+                    if value in values:
+                        continue
+                    values = values + (value,)
+                    if len(values) > cap:
+                        values = values[1:]
+                        added -= 1
+                    more[fp] = untracked(values)
+            added += 1
+            changed += 1
+        return added, changed, n
+
     def add_keys(self, const uint64_t[::1] keys, uint32_t value):
         """``add_new`` of a uint64 array's keys, read in place: a prompt's units, with no
         int object made for each (a frozenset of them took ~30 us a prompt)."""

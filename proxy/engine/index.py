@@ -108,11 +108,12 @@ class FingerprintIndex(_scan.IndexFields):
         """``add`` of each fingerprint with the same value (one loop: a call per
         fingerprint was a good part of the cost). A fingerprint given twice is added
         once."""
-        hot, cap = self._hot, self.max_values_per_key
-        # Most fingerprints are new to the hot generation: added in C while the hot
-        # generation stays below its freeze, and only the others take the loop below
-        # (the loop freezes it at its size, as one key at a time would).
-        added, fingerprints = hot.add_fresh(
+        hot = self._hot
+        # Most fingerprints are new to the hot generation: added while it stays below
+        # its freeze. The others (held with another value: an output restating its
+        # prompt) take the loop below, which freezes it at its size, as one key at a
+        # time would.
+        added, rest = hot.add_fresh(
             fingerprints if type(fingerprints) is list else list(fingerprints),
             value,
             self.freeze_size - 1 - self._hot_count,
@@ -120,29 +121,22 @@ class FingerprintIndex(_scan.IndexFields):
         if added:
             self._hot_count += added
             self._hot_newest = now
-        more = self._hot_more
-        for fp in fingerprints:
-            current = hot.get(fp)
-            if current is None:
-                hot[fp] = value
-            elif (values := more.get(fp)) is None:
-                if current == value:
-                    continue
-                more[fp] = _tables.untracked((current, value))
-            else:
-                if value in values:
-                    continue
-                values += (value,)
-                if len(values) > cap:
-                    values = values[1:]  # the oldest goes
-                    self._hot_count -= 1
-                # Ints only, untracked: the dict of them stays untracked as well.
-                more[fp] = _tables.untracked(values)
-            self._hot_count += 1
-            self._hot_newest = now
+        start = 0
+        while start < len(rest):  # the keys held with another value, in C
+            added, changed, start = hot.add_values(
+                rest,
+                start,
+                value,
+                self._hot_more,
+                self.max_values_per_key,
+                self.freeze_size - self._hot_count,
+            )
+            self._hot_count += added
+            if changed:
+                self._hot_newest = now
             if self._hot_count >= self.freeze_size:
                 self._freeze()
-                hot, more = self._hot, self._hot_more  # the hot generation starts afresh
+                hot = self._hot  # the hot generation starts afresh
 
     def lookup(self, fingerprints: Sequence[int]) -> list[tuple[int, ...]]:
         """Values for each fingerprint, in order (empty tuple when unknown): the hot

@@ -94,6 +94,42 @@ def pair_first_seen(
     return new
 
 
+def add_values(
+    table: dict[int, int],
+    fingerprints: list[int],
+    start: int,
+    value: int,
+    more: dict[int, tuple[int, ...]],
+    cap: int,
+    room: int,
+) -> tuple[int, int, int]:
+    """``_tables.HotTable.add_values``: the loop ``FingerprintIndex.add_many`` ran over the
+    keys held with another value (``table`` any mapping of key -> first value)."""
+    added = changed = 0
+    for i in range(start, len(fingerprints)):
+        if added >= room:
+            return added, changed, i
+        fp = fingerprints[i]
+        current = table.get(fp)
+        if current is None:
+            table[fp] = value
+        elif (values := more.get(fp)) is None:
+            if current == value:
+                continue
+            more[fp] = (current, value)
+        else:
+            if value in values:
+                continue
+            values += (value,)
+            if len(values) > cap:
+                values = values[1:]
+                added -= 1
+            more[fp] = values
+        added += 1
+        changed += 1
+    return added, changed, len(fingerprints)
+
+
 def frozen_values(
     generations: list[tuple[np.ndarray, np.ndarray, bytes, int]],
     any_bits: bytes | bytearray,
