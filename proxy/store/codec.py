@@ -18,12 +18,14 @@ from __future__ import annotations
 import base64
 import math
 import struct
+from collections.abc import Buffer
 from typing import Any, Protocol
 
 import numpy as np
 import orjson
 
 from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord, Record
+from proxy.store._codec import unit_columns
 
 MAGIC = b"\x00ct1"
 _HEAD = struct.Struct("<4sI")  # MAGIC, then the JSON header's length
@@ -33,8 +35,9 @@ DECODE_ERRORS = (ValueError, OverflowError, KeyError, TypeError, IndexError, str
 
 class _Arrays(Protocol):
     """Where a record's arrays go: ``put`` returns what the JSON object holds in the
-    array's place, ``get`` the array back from it. ``put_offsets`` / ``get_offsets``:
-    the same for character offsets (non-negative, mostly small)."""
+    array's place, ``get`` the array back from it. ``put_offsets`` / ``offsets``: the
+    same for character offsets (non-negative, mostly small), read back as their
+    little-endian bytes and the width of each."""
 
     def put(self, array: np.ndarray) -> Any: ...
 
@@ -42,7 +45,7 @@ class _Arrays(Protocol):
 
     def put_offsets(self, array: np.ndarray) -> Any: ...
 
-    def get_offsets(self, ref: Any) -> np.ndarray: ...
+    def offsets(self, ref: Any) -> tuple[Buffer, int]: ...
 
 
 class _Base64Arrays:
@@ -58,8 +61,8 @@ class _Base64Arrays:
     def put_offsets(self, array: np.ndarray) -> list[int]:
         return array.tolist()  # small numbers as JSON text: gzip packs them in a byte or two
 
-    def get_offsets(self, ref: Any) -> np.ndarray:
-        return np.array(ref, dtype=np.uint32)
+    def offsets(self, ref: Any) -> tuple[Buffer, int]:
+        return _column(ref, np.uint32).astype("<u4", copy=False).tobytes(), 4
 
 
 class _RawArrays:
@@ -97,11 +100,12 @@ class _RawArrays:
         width = 1 if largest <= 0xFF else 2 if largest <= 0xFFFF else 4
         return [*self.put(array.astype(_WIDTHS[width])), width]
 
-    def get_offsets(self, ref: Any) -> np.ndarray:
-        dtype = _WIDTHS.get(int(ref[2]))
-        if dtype is None:
-            raise ValueError("packed record: offsets of an unknown width")
-        return self.get(ref, dtype).astype(np.uint32)
+    def offsets(self, ref: Any) -> tuple[Buffer, int]:
+        offset, count, width = int(ref[0]), int(ref[1]), int(ref[2])
+        start = self.base + offset
+        if offset < 0 or count < 0 or start + count * width > len(self.data):
+            raise ValueError("packed record: an array runs past the end")
+        return memoryview(self.data)[start : start + count * width], width
 
 
 # -- the schema -------------------------------------------------------------------------
@@ -125,14 +129,6 @@ def _choice_fields(c: ChoiceRecord, arrays: _Arrays) -> dict[str, Any]:
     }
 
 
-def _positions(values: Any, n: int) -> Any:
-    """``values`` as indexes of a column of ``n``: a list of ints in ``[0, n)``."""
-    in_range = type(values) is list and all(type(i) is int and 0 <= i < n for i in values)
-    if values and not in_range:
-        raise ValueError("positions out of range")
-    return values
-
-
 def _column(values: Any, dtype: type) -> np.ndarray:
     """A one-dimensional column of ``values``."""
     column: np.ndarray = np.array(values, dtype=dtype)
@@ -142,29 +138,19 @@ def _column(values: Any, dtype: type) -> np.ndarray:
 
 
 def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
-    # A replica ingests thousands of these a second: one numpy call per column, and
-    # none for the columns that are usually empty.
+    # A replica ingests thousands of these a second: the unit columns in one compiled
+    # pass (_codec.unit_columns).
     units = arrays.get(d["u"], np.uint64)
-    n = len(units)
-    weights = np.full(n, 2, dtype=np.uint8)
-    if w := _positions(d["w"], n):
-        weights[w] = 1
-    numbers = np.zeros(n, dtype=bool)
-    if specific := _positions(d["n"], n):
-        numbers[specific] = True
-    starts = np.cumsum(arrays.get_offsets(d["g"]), dtype=np.uint64)
-    ends = starts + arrays.get_offsets(d["l"])
-    if not len(starts) == len(ends) == n:
-        raise ValueError("unit columns of different lengths")
-    if n and ends[-1] > 0xFFFFFFFF:
-        raise ValueError("offsets past 32 bits")
+    weights, numbers, starts, ends = unit_columns(
+        len(units), *arrays.offsets(d["g"]), *arrays.offsets(d["l"]), d["w"], d["n"]
+    )
     return ChoiceRecord(
         int(d["c"]),
         units,
         weights,
         numbers,
-        starts.astype(np.uint32),
-        ends.astype(np.uint32),
+        starts,
+        ends,
         _column(d["b"], np.uint32),
         np.cumsum(_column(d["q"], np.uint64), dtype=np.uint64),
         tuple((int(s), int(e), str(i), int(f)) for s, e, i, f in d["m"]) if d["m"] else (),
