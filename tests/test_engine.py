@@ -1820,3 +1820,22 @@ def test_the_low_water_is_the_oldest_open_scan_s_prompt(steps: list[tuple[bool, 
             open_scans.pop(pick % len(open_scans)).finish(now=T0)
         expected = min((s.prompt.seq for s in open_scans), default=engine.sequence + 1)
         assert engine.low_water() == expected
+
+
+def test_a_huge_response_s_scratch_is_not_kept():
+    """The scan's k-gram scratch grows to the longest delta or output it scanned; past
+    ``GRAMS_KEPT`` (65,536 k-grams, 1 MB) it is freed once that output is scanned, so
+    one book-length answer does not hold its scratch for the life of the engine."""
+    engine = fragment_engine()
+    exchange(engine, "A", "a-1", "a short question", "a short answer of a few words", now=T0)
+    scanner = engine.delta_scanner()
+    assert 0 < scanner.grams_capacity <= 1 << 16  # a short answer's scratch stays
+    rng = random.Random(5)
+    book = " ".join(f"w{rng.getrandbits(40):x}" for _ in range(70_000))
+    scan = engine.observe_prompt("B", "b-1", "write a book", now=T0 + 1)
+    scan.feed(book, now=T0 + 1)
+    assert scanner.grams_capacity >= 70_000 - 8  # one delta of 70,000 words
+    scan.finish(now=T0 + 1)
+    assert scanner.grams_capacity == 0
+    exchange(engine, "C", "c-1", "another question", "another short answer here", now=T0 + 2)
+    assert 0 < scanner.grams_capacity <= 1 << 16

@@ -337,6 +337,9 @@ ctypedef struct WordAt:
 
 cdef enum:
     WORDS_AHEAD = 16  # words whose short-word cache lines are asked for at once
+    # k-grams of scratch (16 bytes each) kept between scans: a response longer than
+    # this (a whole book in one answer) has its scratch freed once scanned.
+    GRAMS_KEPT = 1 << 16
 
 
 @cython.final
@@ -448,7 +451,7 @@ cdef class DeltaScanner:
     # step's scratch, so that a delta makes no int object per k-gram (a whole response
     # made hundreds) unless the slow path needs them.
     cdef uint64_t* grams
-    cdef Py_ssize_t grams_capacity
+    cdef readonly Py_ssize_t grams_capacity
     # Where, among ``grams``, the k-grams another request may hold are: the slow path's
     # share of a delta (``_scan_held``). Of ``grams_capacity`` too.
     cdef Py_ssize_t* held_at
@@ -520,7 +523,11 @@ cdef class DeltaScanner:
         if n > self.grams_capacity:
             self._grow_grams(n)
         roll_kgrams(state.hashes.data, first, n, self.k, self.grams)
-        found = self._classify(response, state, choice, first, n, final)
+        try:
+            found = self._classify(response, state, choice, first, n, final)
+        finally:
+            if self.grams_capacity > GRAMS_KEPT:
+                self._release_grams()  # one huge response's scratch is not kept
         return [] if found is None else found
 
     cdef list step(self, ScanFields response, ChoiceColumns columns, str delta, choice):
@@ -553,6 +560,11 @@ cdef class DeltaScanner:
             self._grow_grams(n)
         roll_kgrams(columns.hashes.data, first, n, self.k, self.grams)
         return self._classify(response, columns, choice, first, n, False)
+
+    cdef void _release_grams(self) noexcept:
+        free(self.grams)
+        free(self.held_at)
+        self.grams, self.held_at, self.grams_capacity = NULL, NULL, 0
 
     cdef int _grow_grams(self, Py_ssize_t n) except -1:
         cdef Py_ssize_t capacity = max(n, 2 * self.grams_capacity, 64)
