@@ -19,14 +19,23 @@ measures the whole process (the consumer's Redis reads and the event loop as wel
 Target (issue 45): at most ``TARGET_MS`` ms of CPU per ingested exchange, packed. Exit
 status 1 when missed.
 
+``--before TREE`` also compares this version with another checkout (from 996857c on, its
+compiled parts built in place: ``python setup.py build_ext --inplace`` in its own venv):
+this script runs packed rounds in child processes that import the package from TREE and
+from this tree, alternated ``--pairs`` times; it prints each side's min and median and
+the median of the per-pair ratios.
+
     python bench/ingest.py [--exchanges 1500] [--rounds 5] [--json out.json]
+                           [--before TREE [--pairs 3]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -110,36 +119,80 @@ def ingest_once(
     return seconds * 1000 / exchanges, per
 
 
+def workload(
+    state: Path, exchanges: int, seed: int, encodings: dict[str, Callable[[Any], bytes]]
+) -> tuple[list[Any], dict[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
+    """Engine A's records of ``exchanges`` exchanges (its learned state saved to
+    ``state``), and the stream entries A would publish of them, per encoding."""
+    warm_state(KEY, state)
+    origin = build_engine(load(None, detection__key=KEY))
+    origin.load_commonness(state)
+    records = [r for pair in prescan(origin, exchanges, seed) for r in pair]
+    key_id = origin.hasher.key_id.encode()
+    entries = {
+        name: [
+            (
+                b"%d-0" % i,
+                {
+                    redis_index.ORIGIN: b"a",
+                    redis_index.KEY: key_id,
+                    redis_index.RECORD: encoded(r),
+                    redis_index.OFFERED: b"0",
+                },
+            )  # fmt: skip
+            for i, r in enumerate(records, 1)
+        ]
+        for name, encoded in encodings.items()
+    }
+    return records, entries
+
+
+def before_and_after(tree: Path, args: argparse.Namespace) -> None:
+    """Packed rounds of ``tree``'s package and of this one, in alternated child processes
+    (each imports one tree's package: ``PYTHONPATH``); prints the comparison."""
+    sides = {"before": tree.resolve(), "after": BENCH.parent}
+    runs: dict[str, list[float]] = {side: [] for side in sides}
+    pairs = []
+    for _ in range(args.pairs):
+        pair = {}
+        for side, root in sides.items():
+            child = subprocess.run(
+                [sys.executable, __file__, "--worker", "--rounds", str(args.rounds),
+                 "--exchanges", str(args.exchanges), "--seed", str(args.seed)],
+                env={**os.environ, "PYTHONPATH": str(root)},
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            pair[side] = json.loads(child.stdout.splitlines()[-1])
+            runs[side] += pair[side]
+        pairs.append(statistics.median(pair["before"]) / statistics.median(pair["after"]))
+    print(f"\nbefore ({sides['before']}) and after (this tree), packed, {args.pairs} alternated "
+          f"pairs of {args.rounds} rounds:")  # fmt: skip
+    print("| code | CPU ms per ingested exchange, min | median |")
+    print("|---|---:|---:|")
+    for side in sides:
+        print(f"| {side} | {min(runs[side]):.3f} | {statistics.median(runs[side]):.3f} |")
+    print("before / after, per pair (ratio of the pair's medians): "
+          + ", ".join(f"{r:.2f}" for r in pairs))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--exchanges", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seed", type=int, default=77)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--before", metavar="TREE", type=Path)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="ingest-") as tmp:
         state = Path(tmp) / "state.npz"
-        warm_state(KEY, state)
-        origin = build_engine(load(None, detection__key=KEY))
-        origin.load_commonness(state)
-        records = [r for pair in prescan(origin, args.exchanges, args.seed) for r in pair]
-        key_id = origin.hasher.key_id.encode()
-        entries = {
-            name: [
-                (
-                    b"%d-0" % i,
-                    {
-                        redis_index.ORIGIN: b"a",
-                        redis_index.KEY: key_id,
-                        redis_index.RECORD: encoded(r),
-                        redis_index.OFFERED: b"0",
-                    },
-                )  # fmt: skip
-                for i, r in enumerate(records, 1)
-            ]
-            for name, encoded in ENCODINGS.items()
-        }
+        if args.worker:  # one side of --before: packed rounds, as JSON
+            _, packed = workload(state, args.exchanges, args.seed, {"packed": ENCODINGS["packed"]})
+            print(json.dumps([ingest_once(state, packed["packed"])[0] for _ in range(args.rounds)]))
+            return 0
+        records, entries = workload(state, args.exchanges, args.seed, ENCODINGS)
         runs: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in ENCODINGS}
         for _ in range(args.rounds):
             for name in ENCODINGS:
@@ -169,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"target <= {TARGET_MS} ms per ingested exchange (packed): {'PASS' if met else 'MISS'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "size": size, "ratios": ratios}))
+    if args.before:
+        before_and_after(args.before, args)
     return 0 if met else 1
 
 
