@@ -22,8 +22,8 @@ status 1 when missed.
 ``--before TREE`` also compares this version with another checkout (from 996857c on, its
 compiled parts built in place: ``python setup.py build_ext --inplace`` in its own venv):
 this script runs packed rounds in child processes that import the package from TREE and
-from this tree, alternated ``--pairs`` times; it prints each side's min and median and
-the median of the per-pair ratios.
+from this tree, alternated ``--pairs`` times (which goes first alternates too); it prints
+each side's min and median and the per-pair ratios.
 
     python bench/ingest.py [--exchanges 1500] [--rounds 5] [--json out.json]
                            [--before TREE [--pairs 3]]
@@ -153,9 +153,10 @@ def before_and_after(tree: Path, args: argparse.Namespace) -> None:
     sides = {"before": tree.resolve(), "after": BENCH.parent}
     runs: dict[str, list[float]] = {side: [] for side in sides}
     pairs = []
-    for _ in range(args.pairs):
+    for n in range(args.pairs):
         pair = {}
-        for side, root in sides.items():
+        order = list(sides.items())
+        for side, root in order if n % 2 == 0 else order[::-1]:  # neither always first
             child = subprocess.run(
                 [sys.executable, __file__, "--worker", "--rounds", str(args.rounds),
                  "--exchanges", str(args.exchanges), "--seed", str(args.seed)],
