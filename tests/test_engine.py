@@ -1078,6 +1078,17 @@ def test_fingerprint_index_lookup_spans_hot_and_frozen_generations():
     assert got[1] == (5,) and got[2] == (19,) and got[3] == ()
 
 
+def test_a_fingerprint_index_that_could_never_hold_a_key_is_refused():
+    """``freeze_size`` below 1 would freeze before the hot table held anything (and
+    ``add_many`` could make no progress): refused when the index is made."""
+    with pytest.raises(ValueError, match="freeze_size"):
+        FingerprintIndex(freeze_size=0)
+    index = FingerprintIndex(freeze_size=1, max_generations=8)  # a freeze after each key
+    index.add_many([1, 2, 2, 3], 7, now=T0)
+    index.add_many([1, 4], 8, now=T0)
+    assert index.lookup([1, 2, 3, 4, 5]) == [(7, 8), (7,), (7,), (8,), ()]
+
+
 def test_fingerprint_index_bulk_adds_and_freezes_keep_every_value():
     """``add_many`` of many fingerprints (set operations first) and of few (the loop)
     give the same values per key, hot or frozen, through freezes of keys with several

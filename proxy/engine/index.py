@@ -73,6 +73,8 @@ class FingerprintIndex(_scan.IndexFields):
         max_fingerprints: int = 4_000_000,
         max_values_per_key: int = 8,
     ) -> None:
+        if freeze_size < 1:  # add_many freezes once the hot table holds that many
+            raise ValueError(f"freeze_size must be at least 1, not {freeze_size}")
         # _hot, _hot_more, _hot_count, _hot_newest, freeze_size, _frozen: fields of
         # _scan.IndexFields, which every delta's step reads and writes.
         super().__init__(freeze_size)
