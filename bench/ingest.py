@@ -20,7 +20,8 @@ Target (issue 45): at most ``TARGET_MS`` ms of CPU per ingested exchange, packed
 status 1 when missed.
 
 ``--before TREE`` also compares this version with another checkout (from 996857c on, its
-compiled parts built in place: ``python setup.py build_ext --inplace`` in its own venv):
+compiled parts built in place for this venv's Python: ``python setup.py build_ext
+--inplace`` with a venv of the same Python version and numpy):
 this script runs packed rounds in child processes that import the package from TREE and
 from this tree, alternated ``--pairs`` times (which goes first alternates too); it prints
 each side's min and median and the per-pair ratios.
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -85,10 +85,10 @@ class Parts:
 
 
 def ingest_once(
-    state: Path, entries: list[tuple[bytes, dict[bytes, bytes]]]
+    state: Path, entries: list[tuple[bytes, dict[bytes, bytes]]], split: bool = True
 ) -> tuple[float, dict[str, float]]:
     """A fresh engine ingests ``entries``; CPU ms per exchange of the second half, and
-    its parts."""
+    (``split``) its parts, whose timers count in the total (without: none, no parts)."""
     engine = build_engine(load(None, detection__key=KEY))
     engine.load_commonness(state)
     counters = dict.fromkeys(COUNTERS, 0)
@@ -99,6 +99,8 @@ def ingest_once(
     parts = Parts()
     saved = (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
              ResponseScan.replay_step)  # fmt: skip
+    if not split:
+        parts.timed = lambda _part, f: f  # type: ignore[method-assign,assignment]
     redis_index.inflated = parts.timed("decode", redis_index.inflated)
     redis_index.unpack = parts.timed("decode", redis_index.unpack)
     redis_index.from_journal_line = parts.timed("decode", redis_index.from_journal_line)
@@ -147,9 +149,17 @@ def workload(
     return records, entries
 
 
+CHILD = """import runpy, sys
+sys.path.insert(0, {root!r})
+import proxy
+sys.argv = {argv!r}
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def before_and_after(tree: Path, args: argparse.Namespace) -> None:
     """Packed rounds of ``tree``'s package and of this one, in alternated child processes
-    (each imports one tree's package: ``PYTHONPATH``); prints the comparison."""
+    (each imports one tree's package, and says which it imported); prints the comparison."""
     sides = {"before": tree.resolve(), "after": BENCH.parent}
     runs: dict[str, list[float]] = {side: [] for side in sides}
     pairs = []
@@ -157,13 +167,18 @@ def before_and_after(tree: Path, args: argparse.Namespace) -> None:
         pair = {}
         order = list(sides.items())
         for side, root in order if n % 2 == 0 else order[::-1]:  # neither always first
+            # The package is imported from ``root`` before this script's imports, which
+            # put this tree first on the path (bench/scaleout.py's REPO).
+            argv = [__file__, "--worker", "--rounds", str(args.rounds),
+                    "--exchanges", str(args.exchanges), "--seed", str(args.seed)]  # fmt: skip
             child = subprocess.run(
-                [sys.executable, __file__, "--worker", "--rounds", str(args.rounds),
-                 "--exchanges", str(args.exchanges), "--seed", str(args.seed)],
-                env={**os.environ, "PYTHONPATH": str(root)},
+                [sys.executable, "-c", CHILD.format(root=str(root), argv=argv)],
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
-            pair[side] = json.loads(child.stdout.splitlines()[-1])
+            result = json.loads(child.stdout.splitlines()[-1])
+            if Path(result["tree"]) != root:  # an unbuilt tree falls back to this one
+                raise SystemExit(f"the {side} side imported {result['tree']}, not {root}")
+            pair[side] = result["ms"]
             runs[side] += pair[side]
         pairs.append(statistics.median(pair["before"]) / statistics.median(pair["after"]))
     print(f"\nbefore ({sides['before']}) and after (this tree), packed, {args.pairs} alternated "
@@ -191,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         state = Path(tmp) / "state.npz"
         if args.worker:  # one side of --before: packed rounds, as JSON
             _, packed = workload(state, args.exchanges, args.seed, {"packed": ENCODINGS["packed"]})
-            print(json.dumps([ingest_once(state, packed["packed"])[0] for _ in range(args.rounds)]))
+            ms = [ingest_once(state, packed["packed"], split=False)[0] for _ in range(args.rounds)]
+            tree = Path(redis_index.__file__).resolve().parents[2]
+            print(json.dumps({"tree": str(tree), "ms": ms}))
             return 0
         records, entries = workload(state, args.exchanges, args.seed, ENCODINGS)
         runs: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in ENCODINGS}
