@@ -55,8 +55,6 @@ def unit_columns(Py_ssize_t n, const uint8_t[::1] gaps, int gaps_width,
     cdef uint32_t[::1] s = starts, e = ends
     cdef uint64_t start = 0, end
     cdef Py_ssize_t i
-    if n == 0:
-        return weights, numbers.view(bool), starts, ends
     for i in range(n):
         start += _read(&gaps[0], gaps_width, i)
         end = start + _read(&lengths[0], lengths_width, i)

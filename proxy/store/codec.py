@@ -90,12 +90,18 @@ class _RawArrays:
         self.size += len(self.parts[-1])
         return ref
 
-    def get(self, ref: Any, dtype: type) -> np.ndarray:
+    def _start(self, ref: Any, itemsize: int) -> tuple[int, int]:
+        """Where the array ``ref`` (``[offset, count, ...]``) starts in ``data``, and its
+        count: ValueError when it does not lie within."""
         offset, count = int(ref[0]), int(ref[1])
-        little = _little(dtype)
         start = self.base + offset
-        if offset < 0 or count < 0 or start + count * little.itemsize > len(self.data):
+        if offset < 0 or count < 0 or start + count * itemsize > len(self.data):
             raise ValueError("packed record: an array runs past the end")
+        return start, count
+
+    def get(self, ref: Any, dtype: type) -> np.ndarray:
+        little = _little(dtype)
+        start, count = self._start(ref, little.itemsize)
         return np.frombuffer(self.data, dtype=little, count=count, offset=start)
 
     def put_offsets(self, array: np.ndarray) -> list[int]:
@@ -108,10 +114,8 @@ class _RawArrays:
         return [*self.put(array.astype(_WIDTHS[width])), width]
 
     def offsets(self, ref: Any) -> tuple[Buffer, int]:
-        offset, count, width = int(ref[0]), int(ref[1]), int(ref[2])
-        start = self.base + offset
-        if offset < 0 or count < 0 or start + count * width > len(self.data):
-            raise ValueError("packed record: an array runs past the end")
+        width = int(ref[2])  # unit_columns refuses any but 1, 2 and 4
+        start, count = self._start(ref, width)
         return memoryview(self.data)[start : start + count * width], width
 
 
