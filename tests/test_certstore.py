@@ -1,0 +1,70 @@
+"""mitmproxy's CA is created once when several proxies start at once on a fresh host
+(``proxy.mitm.certstore``): mitmproxy itself neither locks nor writes it atomically, and
+one of five ``crosstalk run`` replicas started together read another's half-written
+file and exited."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import ROOT
+from mitmproxy.certs import CertStore
+from mitmproxy.options import CONF_BASENAME
+
+from proxy.mitm.certstore import ca_file, ensure_ca
+
+# Each child waits for the go file, so that all of them ask at once: without the lock,
+# every one would find no CA and write its own.
+CHILD = """
+import json, sys, time
+from pathlib import Path
+from proxy.mitm.certstore import ca_file, ensure_ca
+confdir, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+ready.touch()
+deadline = time.time() + 60
+while not go.exists() and time.time() < deadline:
+    time.sleep(0.005)
+created = ensure_ca(confdir, 2048)
+print(json.dumps({"created": created, "ca": ca_file(confdir).read_text()}))
+"""
+
+
+def test_processes_that_start_together_create_one_ca_and_all_read_it_whole(tmp_path: Path):
+    confdir, children = tmp_path / "conf", 4
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                CHILD,
+                str(confdir),
+                str(tmp_path / f"ready{i}"),
+                str(tmp_path / "go"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for i in range(children)
+    ]
+    deadline = time.time() + 60
+    while time.time() < deadline and not all((tmp_path / f"ready{i}").exists() for i in range(children)):  # fmt: skip
+        time.sleep(0.01)
+    (tmp_path / "go").touch()
+    results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert sum(r["created"] for r in results) == 1
+    assert len({r["ca"] for r in results}) == 1  # every one read the same, whole file
+    store = CertStore.from_store(confdir, CONF_BASENAME, 2048)  # as mitmproxy loads it
+    assert store.default_ca.to_pem() in ca_file(confdir).read_bytes()
+
+
+def test_an_existing_ca_is_left_as_it_is(tmp_path: Path):
+    assert ensure_ca(tmp_path, 2048)
+    before = ca_file(tmp_path).read_bytes()
+    assert not ensure_ca(tmp_path, 2048)
+    assert ca_file(tmp_path).read_bytes() == before
