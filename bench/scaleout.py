@@ -321,6 +321,7 @@ def make_replica(args: argparse.Namespace, name: str) -> tuple[Any, SharedIndex,
         index__url=args.redis,
         index__stream=args.stream,
         index__replica_name=name,
+        **({} if args.batch_ms is None else {"index__batch_ms": args.batch_ms}),
     )
     engine = build_engine(cfg)
     engine.load_commonness(args.state)
@@ -525,7 +526,8 @@ class PairWorkers:
         args, workdir = self.args, self.workdir
         common = [sys.executable, str(Path(__file__).resolve()), "--key", args.key,
                   "--redis", self.url, "--stream", PAIR_STREAM, "--state", str(args.state_path),
-                  "--seed", str(args.seed + 500)]  # fmt: skip
+                  "--seed", str(args.seed + 500),
+                  *(() if args.batch_ms is None else ("--batch-ms", str(args.batch_ms)))]  # fmt: skip
         self.b = b = start(
             "pair-b",
             [*common, "--worker", "consume", "--out", str(workdir / "pair-b.json"),
@@ -624,7 +626,13 @@ class Group:
 
 
 def replica_config(
-    root: Path, key: str, state: Path, url: str | None, stream: str | None, domain: str = ""
+    root: Path,
+    key: str,
+    state: Path,
+    url: str | None,
+    stream: str | None,
+    domain: str = "",
+    batch_ms: float | None = None,
 ) -> Path:
     root.mkdir(parents=True)
     shutil.copy(state, root / "state.npz")
@@ -633,6 +641,7 @@ def replica_config(
     if stream is not None:
         text += f'[index]\nurl = "{url}"\nstream = "{stream}"\nreplica_name = "{root.name}"\n'
         text += f'domain = "{domain}"\n' if domain else ""
+        text += f"batch_ms = {batch_ms}\n" if batch_ms is not None else ""
     cfg.write_text(text)
     return cfg
 
@@ -647,8 +656,9 @@ def start_groups(
             label = f"g{gi}r{r}"
             domain = f"d{r}" if domains else ""
             cfg = replica_config(
-                workdir / label, args.key, args.state_path, redis_url, stream, domain
-            )
+                workdir / label, args.key, args.state_path, redis_url, stream, domain,
+                args.batch_ms,
+            )  # fmt: skip
             port = free_port()
             log = workdir / label / "events.jsonl"
             argv = [sys.executable, "-m", "proxy", "run", "--upstream", sim_url,
@@ -1140,6 +1150,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="rates up to this must meet p99 <= 50 ms; above: reported only (default 100)",
     )
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--batch-ms", type=float, help="[index] batch_ms of every replica (default: the config's)"
+    )
     p.add_argument(
         "--wait-quiet",
         type=float,

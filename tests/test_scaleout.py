@@ -64,6 +64,7 @@ from proxy.store.journal import encode
 from proxy.store.redis_index import (
     Ingester,
     OriginIngester,
+    Pacer,
     SharedIndex,
     domain_of,
     settings_from,
@@ -516,6 +517,50 @@ def test_stream_is_trimmed_to_the_detection_window(tmp_path, redis_server_bin):
         asyncio.run(scenario())
         length = server.client().xlen("crosstalk:records")
         assert length < 40, length  # the 100 old entries left with the window
+
+
+def test_under_load_records_go_in_batches_one_call_per_batch_ms(tmp_path, redis_server_bin):
+    """A record offered every ~2 ms: without pacing, each would cost a send on A and a
+    read on B (~100 us of CPU each); with ``batch_ms`` they share calls, at most one
+    per ``batch_ms``, and every one still arrives."""
+    batch_ms, records = 40.0, 150
+    with redis_server(redis_server_bin, tmp_path) as server:
+        a_engine, a, _, a_counts = replica(tmp_path, server.url, "a", batch_ms=batch_ms)
+        _, b, _, b_counts = replica(tmp_path, server.url, "b", batch_ms=batch_ms)
+
+        async def scenario() -> float:
+            a.start(), b.start()
+            started = time.monotonic()
+            for i in range(records):
+                a.publish(a_engine.observe_prompt("alpha", f"r-{i}", phrase()).prompt)
+                await asyncio.sleep(0.002)
+            await until(lambda: b_counts["index_ingested"] == records)
+            elapsed = time.monotonic() - started
+            a.close(), b.close()
+            await asyncio.sleep(0)
+            return elapsed
+
+        elapsed = asyncio.run(scenario())
+    most = elapsed * 1000 / batch_ms + 2  # one per batch_ms, and the first at once
+    assert 1 <= a_counts["index_sends"] <= most, (a_counts["index_sends"], most)
+    assert 1 <= b_counts["index_reads"] <= most, (b_counts["index_reads"], most)
+    assert b_counts["index_ingested"] == records
+
+
+def test_a_call_after_a_quiet_spell_is_not_held_back():
+    pacer = Pacer(interval=30.0)
+
+    async def calls() -> None:
+        await asyncio.wait_for(pacer.wait(), timeout=5.0)  # the first: at once
+        with pytest.raises(TimeoutError):  # the next, within the interval: held back
+            await asyncio.wait_for(pacer.wait(), timeout=0.2)
+
+    asyncio.run(calls())
+
+
+def test_batch_ms_is_checked():
+    with pytest.raises(ConfigError, match="batch_ms"):
+        load(None, detection__key=TEST_KEY, index__url="redis://127.0.0.1:1/0", index__batch_ms=-1)
 
 
 # -- three `crosstalk run` replicas ----------------------------------------------------------
