@@ -547,12 +547,16 @@ def test_under_load_records_go_in_batches_one_call_per_batch_ms(tmp_path, redis_
     assert b_counts["index_ingested"] == records
 
 
-def test_a_call_after_a_quiet_spell_is_not_held_back():
-    pacer = Pacer(interval=30.0)
+def test_a_call_after_a_quiet_spell_or_with_a_backlog_is_not_held_back():
+    now = [100.0]
+    pacer = Pacer(interval=30.0, clock=lambda: now[0])
 
     async def calls() -> None:
         await asyncio.wait_for(pacer.wait(), timeout=5.0)  # the first: at once
-        with pytest.raises(TimeoutError):  # the next, within the interval: held back
+        now[0] += 31.0  # a quiet spell longer than the interval
+        await asyncio.wait_for(pacer.wait(), timeout=5.0)
+        await asyncio.wait_for(pacer.wait(backlog=True), timeout=5.0)  # a full call waits
+        with pytest.raises(TimeoutError):  # within the interval, no backlog: held back
             await asyncio.wait_for(pacer.wait(), timeout=0.2)
 
     asyncio.run(calls())

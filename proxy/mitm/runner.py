@@ -17,7 +17,7 @@ from mitmproxy.tools.dump import DumpMaster
 from proxy.config import Config, ProxySection, TLSSection
 from proxy.mitm.addon import CrossTalk
 from proxy.mitm.capture import capture_addons
-from proxy.mitm.certstore import ensure_ca
+from proxy.mitm.certstore import UnreadableCA, ensure_ca
 from proxy.mitm.wiring import default_addons
 from proxy.sim.server import SimConfig, start_sim
 
@@ -95,6 +95,17 @@ def tls_options(tls: TLSSection) -> dict[str, object]:
 
 async def serve(request: RunRequest) -> int:
     cfg = request.config
+    defaults = options.Options()  # crosstalk run keeps mitmproxy's confdir and key size
+    try:  # before DumpMaster, whose TLS addon creates the CA unlocked when it is missing
+        ensure_ca(defaults.confdir, defaults.key_size)
+    except UnreadableCA as e:
+        print(f"crosstalk: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(
+            f"crosstalk: cannot create mitmproxy's CA in {defaults.confdir}: {e}", file=sys.stderr
+        )
+        return 2
     capture = None
     if request.capture:
         try:
@@ -112,11 +123,6 @@ async def serve(request: RunRequest) -> int:
         listen_host=cfg.proxy.listen_host,
         listen_port=cfg.proxy.listen_port,
     )
-    try:  # before DumpMaster, whose TLS addon creates the CA unlocked when it is missing
-        ensure_ca(opts.confdir, opts.key_size)
-    except OSError as e:
-        print(f"crosstalk: cannot create mitmproxy's CA in {opts.confdir}: {e}", file=sys.stderr)
-        return 2
     master = DumpMaster(opts, with_termlog=False, with_dumper=False)
     # Without the terminal log, mitmdump's start-up check says only "Error logged during
     # startup, exiting...": the operator must see which (a port in use, a bad option).

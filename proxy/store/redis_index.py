@@ -45,7 +45,7 @@ import socket
 import time
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -223,18 +223,21 @@ class Pacer:
     without pacing a replica made one per record: two sends and, for every replica of its
     domain, two reads an exchange. When calls are farther apart than ``interval`` (light
     load) nothing waits; under load a record waits at most ``interval`` more to be sent,
-    and as much to be read."""
+    and as much to be read. A backlog of a full call (``BATCH``) or more is not held
+    back: waiting would only slow its draining (after an outage, say)."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.interval = interval
+        self._clock = clock
         self._last = -math.inf
 
-    async def wait(self) -> None:
-        """Sleep until ``interval`` has passed since the previous call to ``wait``."""
-        delay = self._last + self.interval - time.monotonic()
-        if delay > 0:
+    async def wait(self, backlog: bool = False) -> None:
+        """Sleep until ``interval`` has passed since the previous call to ``wait``; not at
+        all when ``backlog`` (a full call is waiting)."""
+        delay = self._last + self.interval - self._clock()
+        if delay > 0 and not backlog:
             await asyncio.sleep(delay)
-        self._last = time.monotonic()
+        self._last = self._clock()
 
 
 @dataclass(slots=True)
@@ -316,7 +319,8 @@ class Publisher:
             if not self.outbox:
                 self._wake.clear()
                 await self._wake.wait()
-            await self.pacer.wait()  # what is offered meanwhile joins this batch
+            # What is offered meanwhile joins this batch.
+            await self.pacer.wait(backlog=len(self.outbox) >= BATCH)
             batch = [self.outbox.popleft() for _ in range(min(BATCH, len(self.outbox)))]
             # Stopped mid-send, the batch may or may not be in Redis: ``flush_sync``
             # sends it again (at least once; consumers ignore a duplicate).
@@ -599,9 +603,11 @@ class Consumer:
 
     async def run(self, client: aredis.Redis) -> None:
         stream = self.settings.domain_stream
+        full = False  # the last read brought all it could: more are waiting
         while True:
             since = self.last_id or window_start_id(self.window_seconds).encode()
-            await self.pacer.wait()  # entries that arrive meanwhile come in this read
+            # Entries that arrive meanwhile come in this read; after a full read, more wait.
+            await self.pacer.wait(backlog=full)
             try:
                 reply = cast(
                     "list[tuple[bytes, list[_Entry]]] | None",
@@ -613,8 +619,10 @@ class Consumer:
                 continue
             self.backoff.reset()
             self.health.succeeded()
+            full = False
             for _, entries in reply or []:
                 self.ingester.counters["index_reads"] += 1
+                full = len(entries) >= BATCH
                 await self._ingest(entries)
 
     async def _ingest(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
