@@ -32,7 +32,7 @@ class _Generation:
     keys: np.ndarray  # uint64, sorted
     values: np.ndarray  # uint32, aligned with keys
     newest: float  # time of the newest fingerprint in it
-    bitmap: bytes = b""  # one bit per top-bits bucket: "maybe here" (about 2 bits a key)
+    bitmap: bytes = b""  # one bit per top-bits bucket: "maybe here" (16 to 32 bits a key)
     shift: int = 64
     # Where each top-bits bucket's keys start (_tables.bucket_starts; 4 to 8 keys a bucket,
     # half a byte to a byte a key): a lookup reads an entry and a few keys, not the ~17
