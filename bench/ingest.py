@@ -95,11 +95,16 @@ class Parts:
 
 
 def ingest_once(
-    state: Path, entries: list[tuple[bytes, dict[bytes, bytes]]], fill: int, split: bool = True
+    state: Path,
+    entries: list[tuple[bytes, dict[bytes, bytes]]],
+    fill: int,
+    split: bool = True,
+    held: list[int] | None = None,
 ) -> tuple[float, dict[str, float]]:
     """A fresh engine ingests ``entries``: the first ``fill`` untimed, then the rest; CPU
     ms per exchange of the rest, and (``split``) its parts, whose timers count in the
-    total (without: none, no parts)."""
+    total (without: none, no parts). ``held`` gets the fingerprints the index held when
+    the timing began."""
     engine = build_engine(load(None, detection__key=KEY))
     engine.load_commonness(state)
     counters = dict.fromkeys(COUNTERS, 0)
@@ -107,6 +112,8 @@ def ingest_once(
     half = fill
     for entry in entries[:half]:
         ingester.ingest(*entry)
+    if held is not None:
+        held.append(engine.fingerprints)
     parts = Parts(enabled=split)
     saved = (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
              ResponseScan.replay_step)  # fmt: skip
@@ -229,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         records, entries = workload(state, args.fill + args.exchanges, args.seed, ENCODINGS)
         runs: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in ENCODINGS}
+        held: list[int] = []
         for _ in range(args.rounds):
             for name in ENCODINGS:
-                runs[name].append(ingest_once(state, entries[name], 2 * args.fill))
+                runs[name].append(ingest_once(state, entries[name], 2 * args.fill, held=held))
 
     names = list(ENCODINGS)
     best = {name: min(runs[name], key=lambda run: run[0]) for name in names}
@@ -244,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     medians = {name: statistics.median(run[0] for run in runs[name]) for name in names}
     print(
         f"ingest: {args.fill} exchanges untimed, then {args.exchanges} timed; "
-        f"{args.rounds} rounds, seed {args.seed}"
+        f"{args.rounds} rounds, seed {args.seed}; the index held {min(held):,}-{max(held):,} "
+        "fingerprints when the timing began"
     )
     print("| encoding | CPU ms per ingested exchange, min (median) | decode | prompt | output | record B per exchange |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|")
