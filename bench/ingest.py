@@ -8,11 +8,9 @@ it sent, still read). For each
 round and encoding, a fresh engine B (the same learned state) is handed the entries by
 ``Ingester.ingest``, as the Consumer hands them over: the first ``--fill`` exchanges
 untimed (B's window fills), the next ``--exchanges`` timed with ``thread_time``. The
-cost grows with what the window holds (a lookup reads more and larger frozen
-generations): from 0.24 ms an exchange with 90,000 fingerprints held to 0.44 with
-520,000 (2026-12-07). The default fill, 13,000 exchanges, leaves 894,000 held in 8
-frozen generations (the most there are), near bench/core.py's per-delta scale of a
-million; a replica's window of 600 s holds as many at ~20 exchanges/s. The encodings alternate within each
+cost grows with what the window holds, so the default fill (13,000 exchanges: ~900,000
+fingerprints in 8 frozen generations, the most there are) is near bench/core.py's
+per-delta scale; the output says how many were held. The encodings alternate within each
 round; the figure is the minimum over rounds (the machine is shared: the least
 disturbed round), beside it the median of per-round ratios. Each timed run also splits
 its time into decoding (inflating, then ``unpack`` or the journal line's parse),
@@ -47,7 +45,7 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -94,26 +92,24 @@ class Parts:
         return wrapper
 
 
+class Timed(NamedTuple):
+    ms: float  # CPU per ingested exchange of the timed entries
+    parts: dict[str, float]  # the same by part (empty when not split)
+    held: int  # fingerprints in the index when the timing began
+
+
 def ingest_once(
-    state: Path,
-    entries: list[tuple[bytes, dict[bytes, bytes]]],
-    fill: int,
-    split: bool = True,
-    held: list[int] | None = None,
-) -> tuple[float, dict[str, float]]:
-    """A fresh engine ingests ``entries``: the first ``fill`` untimed, then the rest; CPU
-    ms per exchange of the rest, and (``split``) its parts, whose timers count in the
-    total (without: none, no parts). ``held`` gets the fingerprints the index held when
-    the timing began."""
+    state: Path, entries: list[tuple[bytes, dict[bytes, bytes]]], fill: int, split: bool = True
+) -> Timed:
+    """A fresh engine ingests ``entries``: the first ``fill`` untimed, then the rest,
+    timed; with ``split``, by part too (the parts' timers count in the total)."""
     engine = build_engine(load(None, detection__key=KEY))
     engine.load_commonness(state)
     counters = dict.fromkeys(COUNTERS, 0)
     ingester = redis_index.Ingester(engine, "b", make_logger(None), counters)
-    half = fill
-    for entry in entries[:half]:
+    for entry in entries[:fill]:
         ingester.ingest(*entry)
-    if held is not None:
-        held.append(engine.fingerprints)
+    held = engine.fingerprints
     parts = Parts(enabled=split)
     saved = (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
              ResponseScan.replay_step)  # fmt: skip
@@ -124,7 +120,7 @@ def ingest_once(
     engine.ingest_prompt = parts.timed("prompt", engine.ingest_prompt)  # type: ignore[method-assign]
     try:
         started = time.thread_time()
-        for entry in entries[half:]:
+        for entry in entries[fill:]:
             ingester.ingest(*entry)
         seconds = time.thread_time() - started
     finally:
@@ -132,9 +128,9 @@ def ingest_once(
          ResponseScan.replay_step) = saved  # fmt: skip
     if counters["index_ingested"] != len(entries):
         raise SystemExit(f"not every entry was ingested: {counters}")
-    exchanges = (len(entries) - half) / 2
-    per = {part: s * 1000 / exchanges for part, s in parts.seconds.items()}
-    return seconds * 1000 / exchanges, per
+    exchanges = (len(entries) - fill) / 2
+    per = {part: s * 1000 / exchanges for part, s in parts.seconds.items()} if split else {}
+    return Timed(seconds * 1000 / exchanges, per, held)
 
 
 def workload(
@@ -228,28 +224,28 @@ def main(argv: list[str] | None = None) -> int:
             total = args.fill + args.exchanges
             _, packed = workload(state, total, args.seed, {"packed": ENCODINGS["packed"]})
             ms = [
-                ingest_once(state, packed["packed"], 2 * args.fill, split=False)[0]
+                ingest_once(state, packed["packed"], 2 * args.fill, split=False).ms
                 for _ in range(args.rounds)
             ]
             tree = Path(redis_index.__file__).resolve().parents[2]
             print(json.dumps({"tree": str(tree), "ms": ms}))
             return 0
         records, entries = workload(state, args.fill + args.exchanges, args.seed, ENCODINGS)
-        runs: dict[str, list[tuple[float, dict[str, float]]]] = {name: [] for name in ENCODINGS}
-        held: list[int] = []
+        runs: dict[str, list[Timed]] = {name: [] for name in ENCODINGS}
         for _ in range(args.rounds):
             for name in ENCODINGS:
-                runs[name].append(ingest_once(state, entries[name], 2 * args.fill, held=held))
+                runs[name].append(ingest_once(state, entries[name], 2 * args.fill))
 
     names = list(ENCODINGS)
-    best = {name: min(runs[name], key=lambda run: run[0]) for name in names}
-    ratios = [b[0] / a[0] for a, b in zip(runs[names[0]], runs[names[1]], strict=True)]
+    best = {name: min(runs[name], key=lambda run: run.ms) for name in names}
+    held = [run.held for name in names for run in runs[name]]
+    ratios = [b.ms / a.ms for a, b in zip(runs[names[0]], runs[names[1]], strict=True)]
     size = {
         name: sum(len(fields[redis_index.RECORD]) for _, fields in entries[name]) * 2 / len(records)
         for name in names
     }
     uncompressed = sum(len(pack(redis_index.collapsed(r))) for r in records) * 2 / len(records)
-    medians = {name: statistics.median(run[0] for run in runs[name]) for name in names}
+    medians = {name: statistics.median(run.ms for run in runs[name]) for name in names}
     print(
         f"ingest: {args.fill} exchanges untimed, then {args.exchanges} timed; "
         f"{args.rounds} rounds, seed {args.seed}; the index held {min(held):,}-{max(held):,} "
@@ -258,12 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     print("| encoding | CPU ms per ingested exchange, min (median) | decode | prompt | output | record B per exchange |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|")
     for name in names:
-        total, per = best[name]
+        total, per = best[name].ms, best[name].parts
         print(f"| {name} | {total:.3f} ({medians[name]:.3f}) | {per['decode']:.3f} "
               f"| {per['prompt']:.3f} | {per['output']:.3f} | {size[name]:.0f} |")  # fmt: skip
     print(f"\npacked records before compression: {uncompressed:.0f} B per exchange")
     print(f"\nzlib line / packed, median of per-round ratios: {statistics.median(ratios):.2f}")
-    met = best[names[0]][0] <= TARGET_MS
+    met = best[names[0]].ms <= TARGET_MS
     print(f"target <= {TARGET_MS} ms per ingested exchange (packed): {'PASS' if met else 'MISS'}")
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "size": size, "ratios": ratios}))

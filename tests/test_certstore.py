@@ -24,7 +24,7 @@ from proxy.mitm.certstore import UnreadableCA, ca_file, ensure_ca
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from proxy.mitm.certstore import UnreadableCA, ca_file, ensure_ca
+from proxy.mitm.certstore import ca_file, ensure_ca
 confdir, ready, go = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 ready.touch()
 deadline = time.time() + 60
@@ -36,27 +36,21 @@ print(json.dumps({"created": created, "ca": ca_file(confdir).read_text()}))
 
 
 def test_processes_that_start_together_create_one_ca_and_all_read_it_whole(tmp_path: Path):
-    confdir, children = tmp_path / "conf", 4
+    confdir, go = tmp_path / "conf", tmp_path / "go"
+    ready = [tmp_path / f"ready{i}" for i in range(4)]
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                CHILD,
-                str(confdir),
-                str(tmp_path / f"ready{i}"),
-                str(tmp_path / "go"),
-            ],
+            [sys.executable, "-c", CHILD, str(confdir), str(flag), str(go)],
             cwd=ROOT,
             stdout=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
-        for i in range(children)
+        )
+        for flag in ready
     ]
     deadline = time.time() + 60
-    while time.time() < deadline and not all((tmp_path / f"ready{i}").exists() for i in range(children)):  # fmt: skip
+    while time.time() < deadline and not all(flag.exists() for flag in ready):
         time.sleep(0.01)
-    (tmp_path / "go").touch()
+    go.touch()
     results = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert sum(r["created"] for r in results) == 1

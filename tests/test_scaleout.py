@@ -555,7 +555,7 @@ def test_a_call_after_a_quiet_spell_or_with_a_backlog_is_not_held_back():
         await asyncio.wait_for(pacer.wait(), timeout=5.0)  # the first: at once
         now[0] += 31.0  # a quiet spell longer than the interval
         await asyncio.wait_for(pacer.wait(), timeout=5.0)
-        await asyncio.wait_for(pacer.wait(backlog=True), timeout=5.0)  # a full call waits
+        await asyncio.wait_for(pacer.wait(backlog=True), timeout=5.0)  # a full call is due
         with pytest.raises(TimeoutError):  # within the interval, no backlog: held back
             await asyncio.wait_for(pacer.wait(), timeout=0.2)
 
