@@ -403,6 +403,39 @@ def test_digit_id_inside_longer_token_is_not_matched(output, pieces):
 
 
 @pytest.mark.parametrize(
+    "cut",
+    [len("on file: REF-76859772"), len("on file: REF-76859772.")],
+    ids=["id-ends-a-delta", "period-ends-a-delta"],
+)
+def test_identifier_before_a_glued_cjk_sentence_is_found_while_streaming(cut):
+    """A period then digits after an identifier begin the next sentence (Japanese is
+    written without a space). Found as the stream goes, not at its end: with the ID
+    ending one delta and ".25日" opening the next, it was found only by ``finish``, after
+    enforce had released it (CI run of stop 55 let ``REF-76859772`` through so)."""
+    engine = make_engine()
+    leak_from_a(engine, prompt_a="My booking is REF-76859772 and it still shows as unpaid.")
+    output = "on file: REF-76859772.25日までにご連絡します。"
+    scan = engine.observe_prompt("B", "b-1", PROMPT_B, now=T0 + 1)
+    streamed = scan.feed(output[:cut], now=T0 + 1) + scan.feed(output[cut:], now=T0 + 1)
+    assert kinds(streamed) == [ENTITY] and scan.finish(now=T0 + 1) == []
+    assert output[streamed[0].start : streamed[0].end] == "REF-76859772"
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [None, ["Paid €12,449", ".", "51 today."], ["Paid €12,449.", "51 today."]],
+    ids=["one-delta", "period-alone", "period-last"],
+)
+def test_amount_continued_by_decimals_is_not_matched_however_cut(pieces):
+    """An amount inside a longer one is another amount, whichever delta brings the
+    digits after its separator."""
+    engine = make_engine()
+    leak_from_a(engine, prompt_a="The Halvorsen deposit of €12,449 is still missing.")
+    output = "Paid €12,449.51 today."
+    assert exchange(engine, "B", "b-1", PROMPT_B, output, T0 + 1, pieces=pieces) == []
+
+
+@pytest.mark.parametrize(
     "text, expected",
     [
         ("refund to Ana Lima, ref CUS-8591332.", ["CUS-8591332"]),  # a customer's id

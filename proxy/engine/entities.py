@@ -71,17 +71,32 @@ def _word_char(ch: str) -> bool:
     return ch.isascii() and ch.isalnum()
 
 
+def _is_number(key: str) -> bool:
+    """Whether ``key`` is written as a number: digits and digit-group separators only."""
+    return key.strip("0123456789,.") == "" and key[0].isdigit() and key[-1].isdigit()
+
+
 def _on_boundaries(text: str, start: int, end: int, key: str) -> bool:
     """Whether ``key``, found at ``text[start:end]``, stands alone: not inside a longer
     word, nor a number inside a longer one (``449.51`` in ``2,449.51``: a digit group's
-    separator between digits joins them)."""
+    separator between digits joins them). An identifier (``ref-76859772``, letters or
+    hyphens in it) is not a number: a period and digits after it are the next
+    sentence's (``ref-76859772.25日までに``, a CJK sentence written without a space)."""
     before = text[start - 1] if start > 0 else " "
     after = text[end] if end < len(text) else " "
     if (_word_char(key[0]) and _word_char(before)) or (_word_char(key[-1]) and _word_char(after)):
         return False
-    if key[0].isdigit() and before in ",." and start > 1 and text[start - 2].isdigit():
+    if not _is_number(key):
+        return True
+    if before in ",." and start > 1 and text[start - 2].isdigit():
         return False
-    return not (key[-1].isdigit() and after in ",." and text[end + 1 : end + 2].isdigit())
+    return not (after in ",." and text[end + 1 : end + 2].isdigit())
+
+
+def _continues_as_number(text: str, end: int, key: str) -> bool:
+    """Whether a number ``key`` ending at ``end`` is followed by a separator that the
+    next delta may join to more digits (``48213377.`` then ``5``): undecided till then."""
+    return end == len(text) - 1 and text[end] in ",." and _is_number(key)
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,6 +559,9 @@ class EntityScanner(EntityFeed):
                 continue
             if text is None:
                 text = self.text
+            if not final and _continues_as_number(text, end, key):
+                undecided.append((end, entity_id, key))
+                continue
             start = end - len(key)
             if not _on_boundaries(text, start, end, key):
                 continue
