@@ -40,10 +40,13 @@ Every figure is measured in this one run, on this machine; nothing is extrapolat
 Seeds are fixed (``--seed``); no network. Targets (issue 16): SSE deltas >= 3 MB/s with
 p50 <= 3 us and p99 <= 15 us per delta, whole responses >= 20 MB/s per core, <= 64 bytes
 of RSS per stored fingerprint, no GC pause over 5 ms while streaming. ``--profile`` adds a cProfile of the delta loop; ``--baseline`` builds the engine with the
-shipped baseline texts (as ``crosstalk run`` does).
+shipped baseline texts (as ``crosstalk run`` does); ``--remote-entities`` holds the
+window's entities by id only after the fill, as a replica holds those it ingested from
+other replicas (the stream's keys are then extracted and looked up by keyed hash).
 
     python bench/engine.py [--quick] [--fingerprints 1000000] [--tenants 1000]
                            [--responses 2000] [--json out.json] [--profile] [--baseline]
+                           [--remote-entities]
 """
 
 from __future__ import annotations
@@ -494,6 +497,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="build the engine with the shipped baseline texts, as crosstalk run does",
     )
+    p.add_argument(
+        "--remote-entities",
+        action="store_true",
+        help="hold the window's entities by id only, as a replica holds other replicas'",
+    )
     p.add_argument("--json", help="write the numbers as JSON here")
     args = p.parse_args(argv)
     if args.quick:  # same index scale, smaller timed sample
@@ -538,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
 
+    if args.remote_entities:
+        engine.entities.forget_texts()
     t_stream = FILL_SECONDS + 1.0
     sres = stream(engine, gen, fill_res, args.responses, t_stream)
     print(
@@ -740,6 +750,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{tail_causes['deltas']}: {tail_causes['gc']} / {tail_causes['index_freeze']} / "
             f"{tail_causes['entity_rebuild']}",
         ),
+        ("entities held by id only (--remote-entities)", f"{engine.entities.id_only:,}"),
         ("seed", str(args.seed)),
         ("wall time", f"{time.perf_counter() - started:.1f} s"),
     ]
@@ -769,6 +780,7 @@ def main(argv: list[str] | None = None) -> int:
                         "bulk_responses": args.bulk_responses,
                         "seed": args.seed,
                         "quick": args.quick,
+                        "remote_entities": args.remote_entities,
                         "python": platform.python_version(),
                     },
                     "throughput_mb_s": {

@@ -436,6 +436,51 @@ def test_amount_continued_by_decimals_is_not_matched_however_cut(pieces):
 
 
 @pytest.mark.parametrize(
+    "written",
+    ["CUS-8591332", "ana.lima@halvorsen-bank.no", "TCK-629869", "€3,813.95",
+     "Suzanne Woodward", "Pearson-Kramer"],
+)  # fmt: skip
+def test_another_replicas_entity_is_found_while_streaming(written):
+    """An entity known by id only (ingested from another replica's record: no text for
+    an automaton) is found as the stream goes, where the engine that saw the text finds
+    it: before, ids were matched at the end by format entities only, so enforce let
+    another replica's tenant's ticket, amount or name through whole."""
+    prompt = (
+        "Please refund Ana Lima (ana.lima@halvorsen-bank.no, customer CUS-8591332): ticket "
+        "TCK-629869, €3,813.95 owed to Suzanne Woodward at Pearson-Kramer."
+    )
+    output = f"Noted: {written} is on file. Then bake the lasagna for forty minutes until golden."
+    pieces = [w + " " for w in output.split(" ")]
+    pieces[-1] = pieces[-1].rstrip()
+    streamed = {}
+    for remote in (False, True):
+        a = make_engine()
+        b = make_engine() if remote else a
+        source = a.observe_prompt("A", "a-1", prompt, now=T0)
+        if remote:
+            b.ingest_prompt(source.prompt)
+            assert b.entities.id_only and not b.entities._texts
+        scan = b.observe_prompt("B", "b-1", PROMPT_B, now=T0 + 1)
+        found = [f for piece in pieces for f in scan.feed(piece, now=T0 + 1)]
+        assert scan.finish(now=T0 + 1) == []  # all found while streaming
+        streamed[remote] = [(f.kind, f.source_tenant, f.start, f.end, f.detected_at) for f in found]
+    start = output.index(written.lstrip("€"))
+    assert streamed[True] == streamed[False]
+    assert [(k, t, s) for k, t, s, *_ in streamed[True]] == [(ENTITY, "A", start)]
+    # Found within a few words of its end (the scan waits for complete words).
+    assert streamed[True][0][4] - streamed[True][0][3] < 40
+
+
+def test_an_entity_known_by_id_is_not_its_own_tenants_leak():
+    a, b = make_engine(), make_engine()
+    b.ingest_prompt(
+        a.observe_prompt("A", "a-1", "Ticket TCK-629869 for Suzanne Woodward.", now=T0).prompt
+    )
+    output = "Your ticket TCK-629869 for Suzanne Woodward is open and will be handled this week."
+    assert exchange(b, "A", "a-2", "Where is my ticket?", output, T0 + 1) == []
+
+
+@pytest.mark.parametrize(
     "text, expected",
     [
         ("refund to Ana Lima, ref CUS-8591332.", ["CUS-8591332"]),  # a customer's id

@@ -213,8 +213,11 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
             await until(lambda: b_counts["index_ingested"] == 401)
             victim = b_engine.observe_prompt("beta", "victim-1", "How do I reset my password?")
             found = victim.feed(f"Sure. {SECRET} Then click reset.") + victim.finish()
-            assert [(f.source_tenant, f.source_request_id) for f in found] == [
-                ("alpha", "source-1")
+            # The page, and the firm it names ("Project Quillfeather", known here by id
+            # only), as the engine that saw the prompt finds them.
+            assert sorted((f.kind, f.source_tenant, f.source_request_id) for f in found) == [
+                ("entity", "alpha", "source-1"),
+                ("fragment", "alpha", "source-1"),
             ]
             a.close(), b.close()
             await asyncio.sleep(0)
@@ -1085,3 +1088,57 @@ def test_redis_outage_and_replica_restart(tmp_path, warm_state, redis_server_bin
         # degradation: CI saw 2 once) and nothing is dropped.
         assert s["index_degraded"] >= 1 and s["index_dropped"] == 0, s
         assert s["outbox"] == 0, s
+
+
+def streamed(url: str, tenant: str, rid: str) -> tuple[str, str]:
+    """A streamed answer the simulator corrupts with another tenant's entities: the text
+    the client received, and the error that ended it ("code: message"; "" when none)."""
+    c = client(url, tenant, **{"X-Request-ID": rid, "x-sim-fault": "entities"})
+    text: list[str] = []
+    try:
+        for chunk in c.chat.completions.create(
+            model="sim-llm-1",
+            messages=[{"role": "user", "content": "Could you summarise what you can do for me?"}],
+            stream=True,
+        ):
+            text += [choice.delta.content or "" for choice in chunk.choices]
+    except openai.APIError as e:
+        return "".join(text), f"{e.code}: {e}"
+    return "".join(text), ""
+
+
+def test_enforce_cuts_another_replicas_entities_before_the_client_sees_them(
+    tmp_path, warm_state, redis_server_bin
+):
+    """The source's prompt went through r0; r1 knows its entities by id only (Redis
+    carries no text). Enforce on r1 still cuts the stream before the other tenant's
+    account number and address reach the client: they were matched only at the
+    stream's end, after the holdback had released them."""
+    with (
+        redis_server(redis_server_bin, tmp_path) as server,
+        run_sim(tmp_path, "--token-delay", "0.002", "--seed", "9") as sim,
+    ):
+        configs = [replica_config(tmp_path, f"r{i}", warm_state, server.url) for i in range(2)]
+        for cfg in configs:
+            cfg.write_text(cfg.read_text() + '[proxy]\nmode = "enforce"\n')
+        r0, r1 = (start_replica(cfg, sim.url) for cfg in configs)
+        try:
+            sources: dict[str, str] = {}  # the only prompts with entities
+            for n in range(3):
+                src = f"src-{n}-{secrets.token_hex(4)}"
+                sources[src] = f"source-{n}"
+                ask(r0.url, sources[src], source_prompt(n), **{"X-Request-ID": src})
+                time.sleep(0.5)  # r1 reads the record (visibility p99 ~13 ms)
+                rid = f"victim-{n}-{secrets.token_hex(4)}"
+                text, error = streamed(r1.url, f"victim-{n}", rid)
+                truth = {t["request_id"]: t for t in load_truth(sim.truth)}[rid]
+                assert "cross_tenant_leak" in error, (text[-200:], error)
+                for entity in truth["entities"]:
+                    assert entity.lower() not in text.lower(), (rid, entity, text[-200:])
+                leaks = leaks_of(r1, rid)
+                assert {(e["source_tenant"], e["kind"]) for e in leaks} == {
+                    (sources[truth["source_request_id"]], "entity")
+                }
+        finally:
+            stop(r0.proc)
+            stop(r1.proc)

@@ -10,6 +10,7 @@ cdef enum:
     FINAL_GRAM = 6  # characters of a key's end that the prefilter hashes (MIN_ENTITY_CHARS)
     FINAL_BITS = 22  # a 512 KiB bitmap, two bits a key: 10,000 keys pass ~1 delta in 10,000
     GRAMS_AHEAD = 8  # a power of two: grams whose bitmap bytes are asked for at once
+    ID_STRIDE = 48  # characters of new text between two by-id scans (EntityScanner.match_ids)
 
 
 
@@ -19,6 +20,7 @@ cdef class EntityIndexFields:
     cdef public Py_ssize_t longest
     cdef public double _last_rebuild
     cdef public double rebuild_interval
+    cdef public Py_ssize_t id_only  # live keys known by id only (EntityScanner.match_ids)
     cdef unsigned char* finals
     cdef bint short_keys  # a key shorter than FINAL_GRAM: no prefilter
     cdef bint _may_end_after(self, const Py_UCS4* history, Py_ssize_t h, str delta) noexcept
@@ -32,6 +34,7 @@ cdef class EntityFeed:
     cdef public Py_ssize_t _length
     cdef public list _undecided
     cdef public set _seen
+    cdef public Py_ssize_t ids_done  # stream offset the by-id scan has read to
     cdef object _fold
     cdef object _astral_sub
     cdef Py_ssize_t tail_length

@@ -16,13 +16,17 @@ class EntityIndexFields:
     longest: int
     _last_rebuild: float
     rebuild_interval: float
+    id_only: int
     def __init__(self, longest: int, rebuild_interval: float) -> None: ...
     def add_finals(self, texts: Iterable[str]) -> None: ...
     def clear_finals(self) -> None: ...
     def may_end_in(self, window: str, start: int) -> bool: ...
 
+ID_STRIDE_CHARS: int
+
 class EntityFeed:
     _index: Any  # an EntityIndexFields (entities.EntityIndex)
+    ids_done: int
     _text: list[str]
     _raw: list[str]
     _length: int

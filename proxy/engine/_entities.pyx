@@ -34,6 +34,8 @@ cdef enum:
     NEEDS_DIGIT_ID = 128  # seven digits
     NEEDS_TOKEN = 256  # 24 of [A-Za-z0-9_-]
 
+ID_STRIDE_CHARS = ID_STRIDE  # EntityScanner.match_ids' stride, for Python
+
 ENTITY_NEEDS = {
     "email": NEEDS_EMAIL, "url_secret": NEEDS_URL, "api_key": NEEDS_API_KEY,
     "iban": NEEDS_IBAN, "card": NEEDS_CARD, "national_id": NEEDS_NATIONAL_ID,

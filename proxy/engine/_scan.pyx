@@ -20,7 +20,7 @@ from proxy.engine._bits cimport (
     AHEAD, PRIME, PyObject_GC_UnTrack, PyUnicode_DATA, PyUnicode_GET_LENGTH,
     PyUnicode_IS_ASCII, is_alnum, mix64, prefetch, sorted_has,
 )
-from proxy.engine._entities cimport EntityFeed, EntityIndexFields
+from proxy.engine._entities cimport ID_STRIDE, EntityFeed, EntityIndexFields
 from proxy.engine._records cimport RequestRecord, distinct_holders, owned_by, similar_prompts
 from proxy.engine._tables cimport (
     Column, FrozenGenerations, HotTable, as_column, sketch_below, sketch_cell,
@@ -1202,6 +1202,12 @@ cdef list feed_delta(DeltaScanner scanner, ScanFields response, ChoiceColumns st
         if entity_index.pending and entity_index.rebuild_due():
             entity_index.maybe_rebuild()
         matches = (<EntityFeed>entities)._feed(delta)
+        if (entity_index.id_only  # another replica's keys: no automaton holds them
+                and (<EntityFeed>entities)._length - (<EntityFeed>entities).ids_done
+                >= ID_STRIDE):
+            by_id = entities.match_ids()
+            if by_id:
+                matches = by_id if matches is None else matches + by_id
         if matches:  # most deltas meet no entity
             found += response._met_entities(state, choice, matches)
     state.batches.push(state.hashes.size)

@@ -26,7 +26,7 @@ import heapq
 import os
 import time
 from collections import deque
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -397,6 +397,11 @@ class Engine(_scan.EngineClock):
             )
         self._open_scan(scan.slot, seq)
         return scan
+
+    def entity_keys(self, text: str) -> Iterator[tuple[str, str]]:
+        """``(kind, key)`` of the entities in ``text``, extracted as a prompt's are (the
+        engine's vocabulary, surnames and first names decide the names)."""
+        return iter_entity_keys(text, self._common_word, self._surname, self._first_name)
 
     def _common_word(self, word: str) -> bool:
         """Whether a capitalised word of a prompt is plain (``entities.iter_case_keys``):
@@ -1130,7 +1135,10 @@ class _ChoiceState(_scan.ChoiceColumns):
 
     def __init__(self, engine: Engine, own_units: _tables.HotTable | None = None) -> None:
         super().__init__(
-            StreamTokenizer(), EntityScanner(engine.entities) if engine.config.entities else None
+            StreamTokenizer(),
+            EntityScanner(engine.entities, engine.entity_keys, engine.entity_id)
+            if engine.config.entities
+            else None,
         )
         self.plain = engine.vocabulary.plain
         self.public_numbers = engine.public_numbers

@@ -23,7 +23,13 @@ from dataclasses import dataclass
 
 import ahocorasick
 
-from proxy.engine._entities import ENTITY_NEEDS, EntityFeed, EntityIndexFields, entity_needs
+from proxy.engine._entities import (
+    ENTITY_NEEDS,
+    ID_STRIDE_CHARS,
+    EntityFeed,
+    EntityIndexFields,
+    entity_needs,
+)
 from proxy.engine._records import EntityOwner
 from proxy.engine._tables import untracked
 from proxy.engine.checksums import luhn_ok
@@ -457,6 +463,7 @@ class EntityIndex(EntityIndexFields):
         owner.pinned |= pin
         if not owner.pinned:
             self._by_time.append(untracked((now, entity_id, tenant)))
+        self.id_only = len(self.table) - len(self._texts)
 
     def expire(self, older_than: float) -> int:
         """Forget uses older than ``older_than``, oldest first (amortised: each use is
@@ -477,7 +484,18 @@ class EntityIndex(EntityIndexFields):
                     del self.table[entity_id]
                     self._texts.pop(entity_id, None)
                     dropped += 1
+        self.id_only = len(self.table) - len(self._texts)
         return dropped
+
+    def forget_texts(self) -> None:
+        """Keep every live key by id only, as a replica holds the entities it ingested
+        from others (Redis and the journal carry no text): ``bench/engine.py
+        --remote-entities`` measures the by-id scan so."""
+        self._texts.clear()
+        self.pending, self.base, self._levels = [], None, []
+        self.clear_finals()
+        self.generation += 1
+        self.id_only = len(self.table)
 
     def maybe_rebuild(self, now: float | None = None) -> None:
         """Move pending keys into an automaton, at most every ``rebuild_interval`` s."""
@@ -515,6 +533,14 @@ def _automaton(entries: Iterable[tuple[str, str]]) -> ahocorasick.Automaton | No
     return a
 
 
+# ``EntityScanner.match_ids``: the context kept before the new text (keys longer than it
+# that began before are found by ``finish``'s extraction, as before). Keys that hold
+# nothing of these are not looked for: each key kind needs a digit, an "@", or two
+# capitalised words.
+_ID_CARRY = 64
+_MAY_HOLD_KEY = re.compile(r"[0-9@]|[A-Z][a-z'’]*[ -][A-Z]")
+
+
 class EntityScanner(EntityFeed):
     """Scans one output stream (lowercased deltas) for live entities.
 
@@ -529,8 +555,20 @@ class EntityScanner(EntityFeed):
     the Python it replaced).
     """
 
-    def __init__(self, index: EntityIndex) -> None:
+    def __init__(
+        self,
+        index: EntityIndex,
+        keys_of: Callable[[str], Iterable[tuple[str, str]]] | None = None,
+        id_of: Callable[[str], str] | None = None,
+    ) -> None:
         super().__init__(index, fold, _ASTRAL.sub)
+        # The by-id scan (``match_ids``): the engine's key extraction and keyed hash; the
+        # stream offset up to which keys were looked up, and the raw text from
+        # ``_ID_CARRY`` characters before it on (with the deltas not joined yet).
+        self._keys_of = iter_entity_keys if keys_of is None else keys_of
+        self._id_of = id_of
+        self._ids_carry = ""
+        self._ids_joined = 0  # deltas of ``_raw`` in the carry
 
     @property
     def text(self) -> str:
@@ -543,7 +581,64 @@ class EntityScanner(EntityFeed):
         return "".join(self._raw)
 
     def finish(self) -> list[tuple[int, int, str]]:
-        return self._confirm([], final=True)
+        found = self._confirm([], final=True)
+        if self._index.id_only and self._id_of is not None:
+            found += self.match_ids(final=True)
+        return found
+
+    def match_ids(self, *, final: bool = False) -> list[tuple[int, int, str]]:
+        """Matches of the keys known by id only (another replica's or a journal's
+        entities: no text to put in an automaton), found by extracting the stream's
+        own keys as the engine extracts a prompt's and looking up their keyed hashes.
+        Runs on text that ends at a boundary (whitespace or a non-ASCII character, after
+        which an ASCII key cannot go on) once ``ID_STRIDE_CHARS`` characters of such text
+        came since the last run (``_scan.feed_delta`` calls it then), and on all of it at
+        the end: a key is found a few words after it was written, within an enforce
+        holdback. Extraction reads ``_ID_CARRY`` characters before the new text as
+        context (a name's first word, a reference's prefix)."""
+        raw = self._ids_carry + "".join(self._raw[self._ids_joined :])
+        self._ids_joined = len(self._raw)
+        base = self._length - len(raw)  # the stream offset of raw[0]
+        end = len(raw)
+        if not final:
+            done = self.ids_done - base
+            while end > done and raw[end - 1].isascii() and not raw[end - 1].isspace():
+                end -= 1  # back over the word the next delta may go on with
+            if end - done < ID_STRIDE_CHARS:
+                self._ids_carry = raw
+                return []
+        # A key that ends in the new text has its digit, "@" or second capital there, or
+        # just before it.
+        may_hold = _MAY_HOLD_KEY.search(raw, max(0, self.ids_done - base - 32), end)
+        found = self._ids_in(raw[:end], base) if may_hold else []
+        self.ids_done = base + end
+        self._ids_carry = raw[max(0, end - _ID_CARRY) :]
+        return found
+
+    def _ids_in(self, raw: str, base: int) -> list[tuple[int, int, str]]:
+        """``match_ids``' matches in ``raw`` (at stream offset ``base``) that end after
+        ``_ids_done``, in text order."""
+        assert self._id_of is not None  # match_ids runs only with one
+        index = self._index
+        folded = fold(raw)
+        out: list[tuple[int, int, str]] = []
+        for _, key in self._keys_of(raw):
+            entity_id = self._id_of(key)
+            if entity_id not in index.table or entity_id in index._texts:
+                continue  # not live, or in the automata (``_feed`` meets it)
+            at = folded.find(key)
+            while at != -1:
+                end = base + at + len(key)
+                if (
+                    end > self.ids_done
+                    and (end, entity_id) not in self._seen
+                    and _on_boundaries(folded, at, at + len(key), key)
+                ):
+                    self._seen.add((end, entity_id))
+                    out.append((end - len(key), end, entity_id))
+                at = folded.find(key, at + 1)
+        out.sort()
+        return out
 
     def _confirm(
         self, new: list[tuple[int, str, str]], *, final: bool
