@@ -531,3 +531,24 @@ def test_a_tickets_digits_in_another_code_are_not_that_ticket(written, found):
     )
     output = f"Your request is tracked as {written} in our system."
     assert bool(answer(e, "globex", "v-1", VICTIM_PROMPT, output, T0 + 1)) is found
+
+
+def test_the_pattern_groups_gates_change_no_key(monkeypatch):
+    """``iter_case_keys`` skips a group of patterns when a text lacks what all of them
+    need (3 digits, a currency, a capitalised pair): the same keys as running every
+    pattern, on the quality workload's prompts and answers (faults in them) whole and
+    cut into the by-id scan's windows, and on texts made to sit at each gate's edge."""
+    from test_core_parity import workload_texts
+
+    from proxy.engine import entities
+
+    texts = workload_texts(600)
+    texts += [t[i : i + 112] for t in texts[:300] for i in range(0, len(t), 48)]
+    texts += ["USD1,234.56 paid", "a €3,813.95 refund", "Perkins and Sons", "D'angelo Reyes",
+              "Davis, Coleman and Branch", "Green-Smith Inc", "Okafor Holdings", "INV-23399",
+              "#12345 and 879-8541208", "Hill-Thompson wrote", "Short, Washington & Green", "D’angelo-Reyes", "pay ¥12,000",
+              "£1,450.00 due", "McDonald Smith", "CHF 2,500.00", "Reyes, Ana"]  # fmt: skip
+    gated = [list(iter_case_keys(t, [])) for t in texts]
+    monkeypatch.setattr(entities, "entity_needs", lambda _: -1)  # every group runs
+    assert [list(iter_case_keys(t, [])) for t in texts] == gated
+    assert sum(map(len, gated)) > 500  # keys of every group were found

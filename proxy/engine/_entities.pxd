@@ -10,7 +10,7 @@ cdef enum:
     FINAL_GRAM = 6  # characters of a key's end that the prefilter hashes (MIN_ENTITY_CHARS)
     FINAL_BITS = 22  # a 512 KiB bitmap, two bits a key: 10,000 keys pass ~1 delta in 10,000
     GRAMS_AHEAD = 8  # a power of two: grams whose bitmap bytes are asked for at once
-    ID_STRIDE = 48  # characters of new text between two by-id scans (EntityScanner.match_ids)
+    ID_STRIDE = 8  # units (words, CJK characters) between two by-id scans (match_ids)
 
 
 
@@ -35,6 +35,7 @@ cdef class EntityFeed:
     cdef public list _undecided
     cdef public set _seen
     cdef public Py_ssize_t ids_done  # stream offset the by-id scan has read to
+    cdef public Py_ssize_t ids_units  # the choice's units at the last by-id scan
     cdef object _fold
     cdef object _astral_sub
     cdef Py_ssize_t tail_length

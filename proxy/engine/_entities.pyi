@@ -22,11 +22,10 @@ class EntityIndexFields:
     def clear_finals(self) -> None: ...
     def may_end_in(self, window: str, start: int) -> bool: ...
 
-ID_STRIDE_CHARS: int
-
 class EntityFeed:
     _index: Any  # an EntityIndexFields (entities.EntityIndex)
     ids_done: int
+    ids_units: int
     _text: list[str]
     _raw: list[str]
     _length: int

@@ -33,14 +33,18 @@ cdef enum:
     NEEDS_PHONE = 64  # + and a digit of any script, or (ddd) in any script
     NEEDS_DIGIT_ID = 128  # seven digits
     NEEDS_TOKEN = 256  # 24 of [A-Za-z0-9_-]
-
-ID_STRIDE_CHARS = ID_STRIDE  # EntityScanner.match_ids' stride, for Python
+    # The case keys' groups of patterns (entities.iter_case_keys), by what all of a
+    # group's patterns need.
+    NEEDS_DIGITS3 = 512  # three ASCII digits in a row: a reference
+    NEEDS_CURRENCY = 1024  # $ € £ ¥ USD EUR GBP CHF JPY: an amount
+    NEEDS_NAME = 2048  # [A-Z][a-z'’]+ then ", " "-" " " " and " " & " then [A-Z]: a name
 
 ENTITY_NEEDS = {
     "email": NEEDS_EMAIL, "url_secret": NEEDS_URL, "api_key": NEEDS_API_KEY,
     "iban": NEEDS_IBAN, "card": NEEDS_CARD, "national_id": NEEDS_NATIONAL_ID,
     "phone": NEEDS_PHONE, "digit_id": NEEDS_DIGIT_ID, "token": NEEDS_TOKEN,
 }
+CASE_NEEDS = {"reference": NEEDS_DIGITS3, "amount": NEEDS_CURRENCY, "name": NEEDS_NAME}
 
 
 # A text's characters as stored: one, two or four bytes each. The prefilter's loop is
@@ -72,6 +76,25 @@ cdef inline bint is_decimal_at(const stored_char* data, Py_ssize_t n, Py_ssize_t
     return i < n and Py_UNICODE_ISDECIMAL(data[i])
 
 
+cdef inline bint is_upper_at(const stored_char* data, Py_ssize_t n, Py_ssize_t i) noexcept:
+    return i < n and 65 <= data[i] <= 90
+
+
+cdef inline bint name_goes_on(const stored_char* data, Py_ssize_t n, Py_ssize_t i) noexcept:
+    """Whether the separator at ``i``, after a capitalised word, leads to a capital:
+    "-X", ", X", " X", " and X", " & X"."""
+    cdef Py_UCS4 c = data[i]
+    if c == 45:  # -
+        return is_upper_at(data, n, i + 1)
+    if c == 44:  # ,
+        return i + 1 < n and data[i + 1] == 32 and is_upper_at(data, n, i + 2)
+    if c != 32:
+        return False
+    return (is_upper_at(data, n, i + 1)
+            or (has_at(data, n, i + 1, b"and ") and is_upper_at(data, n, i + 5))
+            or (has_at(data, n, i + 1, b"& ") and is_upper_at(data, n, i + 3)))
+
+
 def entity_needs(str text):
     """The ``NEEDS_*`` bits (``ENTITY_NEEDS``, by kind) of what ``text`` contains: a
     kind whose bit is clear cannot match in it."""
@@ -94,9 +117,25 @@ cdef unsigned int needs_of(const stored_char* data, Py_ssize_t n) noexcept:
     # capitals before the current run of digits, and the card's digits (state: 0 other,
     # 1 after a digit, 2 after one separator that followed a digit).
     cdef Py_ssize_t digits = 0, word = 0, upper = 0, upper_before = 0, card = 0
+    cdef Py_ssize_t capitalised = 0  # the run of [A-Z][a-z'’]* ending here
     cdef int card_state = 0
     for i in range(n):
         c = data[i]
+        if 65 <= c <= 90:
+            capitalised = 1
+        elif capitalised and ((97 <= c <= 122) or c == 39 or c == 0x2019):
+            capitalised += 1
+        else:
+            if capitalised >= 2 and name_goes_on(data, n, i):
+                found |= NEEDS_NAME
+            capitalised = 0
+        if c == 36 or c == 0x20AC or c == 0xA3 or c == 0xA5:  # $ € £ ¥
+            found |= NEEDS_CURRENCY
+        elif c == 85 or c == 69 or c == 71 or c == 67 or c == 74:  # U E G C J
+            if (has_at(data, n, i, b"USD") or has_at(data, n, i, b"EUR")
+                    or has_at(data, n, i, b"GBP") or has_at(data, n, i, b"CHF")
+                    or has_at(data, n, i, b"JPY")):
+                found |= NEEDS_CURRENCY
         if c == 64:  # @
             found |= NEEDS_EMAIL
         elif c == 58:  # :
@@ -134,6 +173,8 @@ cdef unsigned int needs_of(const stored_char* data, Py_ssize_t n) noexcept:
             if digits == 0:
                 upper_before = upper
             digits += 1
+            if digits >= 3:
+                found |= NEEDS_DIGITS3
             if digits >= 7:
                 found |= NEEDS_DIGIT_ID
             if upper_before >= 2:

@@ -1202,9 +1202,11 @@ cdef list feed_delta(DeltaScanner scanner, ScanFields response, ChoiceColumns st
         if entity_index.pending and entity_index.rebuild_due():
             entity_index.maybe_rebuild()
         matches = (<EntityFeed>entities)._feed(delta)
-        if (entity_index.id_only  # another replica's keys: no automaton holds them
-                and (<EntityFeed>entities)._length - (<EntityFeed>entities).ids_done
-                >= ID_STRIDE):
+        # Another replica's keys (no automaton holds them), every ID_STRIDE units: a key
+        # is found within half an enforce holdback of words, CJK text's included.
+        if (entity_index.id_only
+                and state.hashes.size - (<EntityFeed>entities).ids_units >= ID_STRIDE):
+            (<EntityFeed>entities).ids_units = state.hashes.size
             by_id = entities.match_ids()
             if by_id:
                 matches = by_id if matches is None else matches + by_id

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import ahocorasick
 
 from proxy.engine._entities import (
+    CASE_NEEDS,
     ENTITY_NEEDS,
-    ID_STRIDE_CHARS,
     EntityFeed,
     EntityIndexFields,
     entity_needs,
@@ -534,11 +534,8 @@ def _automaton(entries: Iterable[tuple[str, str]]) -> ahocorasick.Automaton | No
 
 
 # ``EntityScanner.match_ids``: the context kept before the new text (keys longer than it
-# that began before are found by ``finish``'s extraction, as before). Keys that hold
-# nothing of these are not looked for: each key kind needs a digit, an "@", or two
-# capitalised words.
+# that began before are found by ``finish``'s extraction, as before).
 _ID_CARRY = 64
-_MAY_HOLD_KEY = re.compile(r"[0-9@]|[A-Z][a-z'’]*[ -][A-Z]")
 
 
 class EntityScanner(EntityFeed):
@@ -590,12 +587,12 @@ class EntityScanner(EntityFeed):
         """Matches of the keys known by id only (another replica's or a journal's
         entities: no text to put in an automaton), found by extracting the stream's
         own keys as the engine extracts a prompt's and looking up their keyed hashes.
-        Runs on text that ends at a boundary (whitespace or a non-ASCII character, after
-        which an ASCII key cannot go on) once ``ID_STRIDE_CHARS`` characters of such text
-        came since the last run (``_scan.feed_delta`` calls it then), and on all of it at
-        the end: a key is found a few words after it was written, within an enforce
-        holdback. Extraction reads ``_ID_CARRY`` characters before the new text as
-        context (a name's first word, a reference's prefix)."""
+        ``_scan.feed_delta`` calls it every ``ID_STRIDE`` (8) units of the choice, on the
+        text up to its last boundary (whitespace or a non-ASCII character, after which
+        an ASCII key cannot go on), and ``finish`` on all of it: a key is found within
+        about eight words of its end, half an enforce holdback. Extraction reads
+        ``_ID_CARRY`` characters before the new text as context (a name's first word,
+        a reference's prefix)."""
         raw = self._ids_carry + "".join(self._raw[self._ids_joined :])
         self._ids_joined = len(self._raw)
         base = self._length - len(raw)  # the stream offset of raw[0]
@@ -604,12 +601,11 @@ class EntityScanner(EntityFeed):
             done = self.ids_done - base
             while end > done and raw[end - 1].isascii() and not raw[end - 1].isspace():
                 end -= 1  # back over the word the next delta may go on with
-            if end - done < ID_STRIDE_CHARS:
+            if end <= done:
                 self._ids_carry = raw
                 return []
-        # A key that ends in the new text has its digit, "@" or second capital there, or
-        # just before it.
-        may_hold = _MAY_HOLD_KEY.search(raw, max(0, self.ids_done - base - 32), end)
+        # A key that ends in the new text has what its kind needs there, or just before.
+        may_hold = entity_needs(raw[max(0, self.ids_done - base - 32) : end])
         found = self._ids_in(raw[:end], base) if may_hold else []
         self.ids_done = base + end
         self._ids_carry = raw[max(0, end - _ID_CARRY) :]
@@ -722,6 +718,15 @@ _ORGANISATION = re.compile(rf"\b([A-Z][a-z'’]+) (?:{'|'.join(_ORGANISATION_WOR
 # A firm of three surnames: "Davis, Coleman and Branch", "Short, Washington & Green";
 # its head too ("Davis, Coleman"): a model cuts it as it cuts a compound.
 _FIRM_OF_THREE = re.compile(r"\b([A-Z][a-z'’]+), ([A-Z][a-z'’]+),? (?:and|&) ([A-Z][a-z'’]+)\b")
+# What each group of patterns above needs somewhere in a text (implied by each of them),
+# found by the compiled pass that serves the format kinds (``_entities.CASE_NEEDS``):
+# three digits in a row (a reference), a currency (an amount), a capitalised word then a
+# capital after a space, a hyphen, a comma or "and" (every name pattern). Most texts
+# lack some: their patterns, which try every position, are not run (~3 us each a hundred
+# characters, the amount's 9; the pass reads them in ~0.4 us).
+_REFERENCE_NEEDS = CASE_NEEDS["reference"]
+_AMOUNT_NEEDS = CASE_NEEDS["amount"]
+_NAME_NEEDS = CASE_NEEDS["name"]
 _FOLDED_FORMS = frozenset(form.lower() for form in (*_LEGAL_FORMS, *_ORGANISATION_WORDS))
 # Words that stand before a legal form without naming a firm: "Your LLC must file", "a
 # Delaware LLC", "a Single-Member LLC", "a Swiss AG" (kinds of company, not one).
@@ -805,7 +810,9 @@ def iter_case_keys(
     def free(s: int, e: int) -> bool:
         return not any(s < ce and cs < e for cs, ce in claimed)
 
-    for m in _REFERENCE.finditer(text):
+    present = entity_needs(text)
+    references = _REFERENCE.finditer(text) if present & _REFERENCE_NEEDS else ()
+    for m in references:
         token = m.group(0)
         digits = _digits(token)
         if not free(*m.span()) or (token[0].isdigit() and len(digits) < 9):
@@ -816,7 +823,8 @@ def iter_case_keys(
         # "216216" alone repeats a pattern as filler does (human-text bench, seed 4).
         if not token.isdigit() and not _monotonous(token):
             yield "reference", fold(token.lstrip("#"))
-    for m in _AMOUNT.finditer(text):
+    amounts = _AMOUNT.finditer(text) if present & _AMOUNT_NEEDS else ()
+    for m in amounts:
         number = m.group("number") or m.group("number_first")
         if free(*m.span()) and _significant_digits(number) >= AMOUNT_DIGITS:
             currency = _CURRENCIES[m.group("before") or m.group("after")]
@@ -824,6 +832,8 @@ def iter_case_keys(
     common = common_word or (lambda _: False)
     surname = surname or (lambda _: False)
     first_name = first_name or (lambda _: False)
+    if not present & _NAME_NEEDS:
+        return  # every name pattern below needs a capitalised word and a capital after it
     for m in _CAPITALISED.finditer(text):
         if not free(*m.span()):
             continue
