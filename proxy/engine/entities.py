@@ -613,26 +613,30 @@ class EntityScanner(EntityFeed):
 
     def _ids_in(self, raw: str, base: int) -> list[tuple[int, int, str]]:
         """``match_ids``' matches in ``raw`` (at stream offset ``base``) that end after
-        ``_ids_done``, in text order."""
+        ``ids_done``, in text order. A key is hashed only when it ends there: the
+        context's keys were looked up by the run before."""
         assert self._id_of is not None  # match_ids runs only with one
         index = self._index
         folded = fold(raw)
+        done = self.ids_done - base
         out: list[tuple[int, int, str]] = []
         for _, key in self._keys_of(raw):
+            n = len(key)
+            ends = []
+            at = folded.find(key, max(0, done - n + 1))
+            while at != -1:
+                if _on_boundaries(folded, at, at + n, key):
+                    ends.append(base + at + n)
+                at = folded.find(key, at + 1)
+            if not ends:
+                continue
             entity_id = self._id_of(key)
             if entity_id not in index.table or entity_id in index._texts:
                 continue  # not live, or in the automata (``_feed`` meets it)
-            at = folded.find(key)
-            while at != -1:
-                end = base + at + len(key)
-                if (
-                    end > self.ids_done
-                    and (end, entity_id) not in self._seen
-                    and _on_boundaries(folded, at, at + len(key), key)
-                ):
+            for end in ends:
+                if (end, entity_id) not in self._seen:
                     self._seen.add((end, entity_id))
-                    out.append((end - len(key), end, entity_id))
-                at = folded.find(key, at + 1)
+                    out.append((end - n, end, entity_id))
         out.sort()
         return out
 
