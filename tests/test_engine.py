@@ -477,6 +477,29 @@ def test_another_replicas_entity_is_found_while_streaming(written, after):
     assert units_between <= 8 + 1, (output[e:at], units_between)
 
 
+def test_the_by_id_scan_reads_a_long_run_without_spaces_once():
+    """A run with no boundary (a JSON array written without spaces) is cut every
+    ``_ID_CARRY`` characters: the text kept between runs stays bounded (it held the whole
+    run, walked again at every run), and a key inside the run is still found, by id."""
+    a, b = make_engine(), make_engine()
+    b.ingest_prompt(
+        a.observe_prompt("A", "a-1", "Refund customer CUS-8591332 today.", now=T0).prompt
+    )
+    scan = b.observe_prompt("B", "b-1", PROMPT_B, now=T0 + 1)
+    items = [str(n) for n in range(20_000)]
+    items[15_000] = "CUS-8591332"
+    output = "[" + ",".join(items) + "]"
+    found, carried = [], 0
+    for i in range(0, len(output), 7):
+        found += scan.feed(output[i : i + 7], now=T0 + 1)
+        carried = max(carried, len(scan._choices[0].entities._ids_carry))
+    found += scan.finish(now=T0 + 1)
+    assert carried <= 4 * entities._ID_CARRY, carried
+    assert [(f.kind, f.source_tenant, output[f.start : f.end]) for f in found] == [
+        (ENTITY, "A", "CUS-8591332")
+    ]
+
+
 def test_an_entity_known_by_id_is_not_its_own_tenants_leak():
     a, b = make_engine(), make_engine()
     b.ingest_prompt(

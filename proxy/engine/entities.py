@@ -599,8 +599,13 @@ class EntityScanner(EntityFeed):
         end = len(raw)
         if not final:
             done = self.ids_done - base
-            while end > done and raw[end - 1].isascii() and not raw[end - 1].isspace():
-                end -= 1  # back over the word the next delta may go on with
+            # Back over the word the next delta may go on with, at most _ID_CARRY
+            # characters: a longer run with no boundary (a JSON array, base64) is cut
+            # there, and a key across the cut is found by the next run, whose context
+            # reaches back as far. Unbounded, each run walked the whole run again.
+            floor = max(done, end - _ID_CARRY)
+            while end > floor and raw[end - 1].isascii() and not raw[end - 1].isspace():
+                end -= 1
             if end <= done:
                 self._ids_carry = raw
                 return []
