@@ -367,9 +367,7 @@ class Engine(_scan.EngineClock):
                     entity_id = self.entity_id(key)
                     texts[entity_id] = key
                     entities.append((MODEL_NAME, entity_id))
-            for kind, key in iter_entity_keys(
-                text, self._common_word, self._surname, self._first_name
-            ):
+            for kind, key in self.entity_keys(text):
                 if is_case_kind(kind) and (not self.config.case_identifiers or key in model_keys):
                     continue
                 if kind in NAME_KINDS and self._model_written(key, kind):

@@ -99,12 +99,6 @@ def _on_boundaries(text: str, start: int, end: int, key: str) -> bool:
     return not (after in ",." and text[end + 1 : end + 2].isdigit())
 
 
-def _continues_as_number(text: str, end: int, key: str) -> bool:
-    """Whether a number ``key`` ending at ``end`` is followed by a separator that the
-    next delta may join to more digits (``48213377.`` then ``5``): undecided till then."""
-    return end == len(text) - 1 and text[end] in ",." and _is_number(key)
-
-
 @dataclass(frozen=True, slots=True)
 class AnchoredPattern:
     """A pattern tried only near its *anchor*: ``finditer`` finds what the pattern's own
@@ -383,12 +377,13 @@ class Entity:
     end: int
 
 
-def extract_entities(text: str) -> list[Entity]:
+def extract_entities(text: str, present: int | None = None) -> list[Entity]:
     """Entities in ``text``, non-overlapping, in order of position. Placeholders
-    (``is_placeholder``) claim their span but are not returned: nobody owns them."""
+    (``is_placeholder``) claim their span but are not returned: nobody owns them.
+    ``present``: ``entity_needs(text)``, when the caller has it."""
     claimed: list[tuple[int, int]] = []
     found: list[Entity] = []
-    present = entity_needs(text)
+    present = entity_needs(text) if present is None else present
     for kind, pattern, valid in _PATTERNS:
         if not present & _NEEDS[kind]:
             continue
@@ -463,7 +458,7 @@ class EntityIndex(EntityIndexFields):
         owner.pinned |= pin
         if not owner.pinned:
             self._by_time.append(untracked((now, entity_id, tenant)))
-        self.id_only = len(self.table) - len(self._texts)
+        self._count_id_only()
 
     def expire(self, older_than: float) -> int:
         """Forget uses older than ``older_than``, oldest first (amortised: each use is
@@ -484,8 +479,13 @@ class EntityIndex(EntityIndexFields):
                     del self.table[entity_id]
                     self._texts.pop(entity_id, None)
                     dropped += 1
-        self.id_only = len(self.table) - len(self._texts)
+        self._count_id_only()
         return dropped
+
+    def _count_id_only(self) -> None:
+        """``id_only``: the live keys with no text, which the compiled delta step reads
+        to know whether streams must look keys up by id (``EntityScanner.match_ids``)."""
+        self.id_only = len(self.table) - len(self._texts)
 
     def forget_texts(self) -> None:
         """Keep every live key by id only, as a replica holds the entities it ingested
@@ -495,7 +495,7 @@ class EntityIndex(EntityIndexFields):
         self.pending, self.base, self._levels = [], None, []
         self.clear_finals()
         self.generation += 1
-        self.id_only = len(self.table)
+        self._count_id_only()
 
     def maybe_rebuild(self, now: float | None = None) -> None:
         """Move pending keys into an automaton, at most every ``rebuild_interval`` s."""
@@ -559,9 +559,9 @@ class EntityScanner(EntityFeed):
         id_of: Callable[[str], str] | None = None,
     ) -> None:
         super().__init__(index, fold, _ASTRAL.sub)
-        # The by-id scan (``match_ids``): the engine's key extraction and keyed hash; the
-        # stream offset up to which keys were looked up, and the raw text from
-        # ``_ID_CARRY`` characters before it on (with the deltas not joined yet).
+        # The by-id scan (``match_ids``; none without ``id_of``): the engine's key
+        # extraction and keyed hash, and the raw text from ``_ID_CARRY`` characters
+        # before ``ids_done`` on (with the deltas not joined yet).
         self._keys_of = iter_entity_keys if keys_of is None else keys_of
         self._id_of = id_of
         self._ids_carry = ""
@@ -579,7 +579,7 @@ class EntityScanner(EntityFeed):
 
     def finish(self) -> list[tuple[int, int, str]]:
         found = self._confirm([], final=True)
-        if self._index.id_only and self._id_of is not None:
+        if self._index.id_only:
             found += self.match_ids(final=True)
         return found
 
@@ -592,7 +592,10 @@ class EntityScanner(EntityFeed):
         an ASCII key cannot go on), and ``finish`` on all of it: a key is found within
         about eight words of its end, half an enforce holdback. Extraction reads
         ``_ID_CARRY`` characters before the new text as context (a name's first word,
-        a reference's prefix)."""
+        a reference's prefix). A scanner made without ``id_of`` finds none."""
+        id_of = self._id_of
+        if id_of is None:
+            return []
         raw = self._ids_carry + "".join(self._raw[self._ids_joined :])
         self._ids_joined = len(self._raw)
         base = self._length - len(raw)  # the stream offset of raw[0]
@@ -611,16 +614,17 @@ class EntityScanner(EntityFeed):
                 return []
         # A key that ends in the new text has what its kind needs there, or just before.
         may_hold = entity_needs(raw[max(0, self.ids_done - base - 32) : end])
-        found = self._ids_in(raw[:end], base) if may_hold else []
+        found = self._ids_in(raw[:end], base, id_of) if may_hold else []
         self.ids_done = base + end
         self._ids_carry = raw[max(0, end - _ID_CARRY) :]
         return found
 
-    def _ids_in(self, raw: str, base: int) -> list[tuple[int, int, str]]:
+    def _ids_in(
+        self, raw: str, base: int, id_of: Callable[[str], str]
+    ) -> list[tuple[int, int, str]]:
         """``match_ids``' matches in ``raw`` (at stream offset ``base``) that end after
         ``ids_done``, in text order. A key is hashed only when it ends there: the
         context's keys were looked up by the run before."""
-        assert self._id_of is not None  # match_ids runs only with one
         index = self._index
         folded = fold(raw)
         done = self.ids_done - base
@@ -635,7 +639,7 @@ class EntityScanner(EntityFeed):
                 at = folded.find(key, at + 1)
             if not ends:
                 continue
-            entity_id = self._id_of(key)
+            entity_id = id_of(key)
             if entity_id not in index.table or entity_id in index._texts:
                 continue  # not live, or in the automata (``_feed`` meets it)
             for end in ends:
@@ -644,6 +648,15 @@ class EntityScanner(EntityFeed):
                     out.append((end - n, end, entity_id))
         out.sort()
         return out
+
+    def _may_go_on(self, end: int, key: str) -> bool:
+        """Whether the next delta may still put a match ending at ``end`` inside a longer
+        word or number: it ends the text so far with a word character, or it is a
+        number and a separator ends the text (``48213377.`` then ``5``). Such a match
+        waits for that delta (or ``finish``), so no cut of the stream decides it."""
+        if end == self._length:
+            return _word_char(key[-1])
+        return end == self._length - 1 and self._text[-1][-1] in ",." and _is_number(key)
 
     def _confirm(
         self, new: list[tuple[int, str, str]], *, final: bool
@@ -654,14 +667,11 @@ class EntityScanner(EntityFeed):
         for end, entity_id, key in self._undecided + new:
             if (end, entity_id) in self._seen:
                 continue
-            if end == self._length and not final and _word_char(key[-1]):
+            if not final and self._may_go_on(end, key):
                 undecided.append((end, entity_id, key))
                 continue
             if text is None:
                 text = self.text
-            if not final and _continues_as_number(text, end, key):
-                undecided.append((end, entity_id, key))
-                continue
             start = end - len(key)
             if not _on_boundaries(text, start, end, key):
                 continue
@@ -803,6 +813,7 @@ def iter_case_keys(
     common_word: Callable[[str], bool] | None = None,
     surname: Callable[[str], bool] | None = None,
     first_name: Callable[[str], bool] | None = None,
+    present: int | None = None,
 ) -> Iterator[tuple[str, str]]:
     """``(kind, key)`` of the case identifiers in ``text`` outside ``claimed`` spans:
     ``reference`` (the folded token, and its digit run alone when that has six or more
@@ -814,12 +825,13 @@ def iter_case_keys(
     of common words. Those made only of common words that ``surname`` (the engine's
     frequent surnames) all passes ("Hill-Thompson", "Short, Washington and Green",
     "Wood Group") are ``PROPER_NAME`` keys instead: names only where written as one; so
-    is a pair of a ``first_name`` and a surname ("Richard Williams")."""
+    is a pair of a ``first_name`` and a surname ("Richard Williams"). ``present``:
+    ``entity_needs(text)``, when the caller has it."""
 
     def free(s: int, e: int) -> bool:
         return not any(s < ce and cs < e for cs, ce in claimed)
 
-    present = entity_needs(text)
+    present = entity_needs(text) if present is None else present
     references = _REFERENCE.finditer(text) if present & _REFERENCE_NEEDS else ()
     for m in references:
         token = m.group(0)
@@ -978,7 +990,8 @@ def iter_entity_keys(
     """``(kind, key)`` for every entity in ``text``; key is the lowercased text. A long
     IBAN also yields its head (``IBAN_HEAD_CHARS``, ending on a whole group): a leaked
     page that cuts the IBAN short is still that account's."""
-    entities = extract_entities(text)
+    present = entity_needs(text)  # one pass for both kinds of pattern
+    entities = extract_entities(text, present)
     for ent in entities:
         key = fold(ent.text)
         yield ent.kind, key
@@ -987,7 +1000,7 @@ def iter_entity_keys(
             if " " not in key or key[len(head)] == " ":
                 yield ent.kind, head
     claimed = [(e.start, e.end) for e in entities]
-    case_keys = iter_case_keys(text, claimed, common_word, surname, first_name)
+    case_keys = iter_case_keys(text, claimed, common_word, surname, first_name, present)
     for kind, key in itertools.chain(case_keys, iter_mailbox_names(text, entities)):
         if len(key) >= MIN_ENTITY_CHARS:
             yield kind, key
