@@ -3,8 +3,9 @@
 How: engine A scans ``--fill`` + ``--exchanges`` exchanges of the scale-out workload
 (bench/scaleout.py's ``prescan``, its learned state); each record becomes the stream entry
 A's ``Publisher`` would send, in both encodings a replica reads (both zlib-compressed):
-a packed record (this version's) and a journal line of every feed (what replicas before
-it sent, still read). For each
+a packed record (this version's, which carries its scan's judgment of the text an
+output met) and a journal line of every feed without it (what replicas before it sent,
+still read: such an output is scanned again). For each
 round and encoding, a fresh engine B (the same learned state) is handed the entries by
 ``Ingester.ingest``, as the Consumer hands them over: the first ``--fill`` exchanges
 untimed (B's window fills), the next ``--exchanges`` timed with ``thread_time``. The
@@ -14,7 +15,7 @@ per-delta scale; the output says how many were held. The encodings alternate wit
 round; the figure is the minimum over rounds (the machine is shared: the least
 disturbed round), beside it the median of per-round ratios. Each timed run also splits
 its time into decoding (inflating, then ``unpack`` or the journal line's parse),
-prompts (``Engine.ingest_prompt``) and outputs (``ResponseScan.replay_step``).
+prompts (``Engine.ingest_prompt``) and outputs (``ResponseScan.ingest_output``).
 
 This is the engine's part of a replica's cost per ingested exchange; bench/scaleout.py
 measures the whole process (the consumer's Redis reads and the event loop as well).
@@ -55,6 +56,7 @@ from scaleout import prescan, warm_state  # noqa: E402
 import proxy.store.redis_index as redis_index  # noqa: E402
 from proxy.config import load  # noqa: E402
 from proxy.engine.detector import ResponseScan  # noqa: E402
+from proxy.engine.records import unjudged  # noqa: E402
 from proxy.eventlog import make_logger  # noqa: E402
 from proxy.factory import build_engine  # noqa: E402
 from proxy.store.codec import pack  # noqa: E402
@@ -66,7 +68,7 @@ COUNTERS = ("index_ingested", "index_skipped", "index_remote_findings", "index_r
             "index_corrupt", "index_errors")  # fmt: skip
 ENCODINGS: dict[str, Callable[[Any], bytes]] = {
     "packed": lambda record: zlib.compress(pack(redis_index.collapsed(record)), 1),
-    "zlib line (before)": lambda record: zlib.compress(encode(record), 1),
+    "zlib line (before)": lambda record: zlib.compress(encode(unjudged(record)), 1),
 }
 
 
@@ -112,11 +114,11 @@ def ingest_once(
     held = engine.fingerprints
     parts = Parts(enabled=split)
     saved = (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
-             ResponseScan.replay_step)  # fmt: skip
+             ResponseScan.ingest_output)  # fmt: skip
     redis_index.inflated = parts.timed("decode", redis_index.inflated)
     redis_index.unpack = parts.timed("decode", redis_index.unpack)
     redis_index.from_journal_line = parts.timed("decode", redis_index.from_journal_line)
-    ResponseScan.replay_step = parts.timed("output", ResponseScan.replay_step)  # type: ignore[method-assign]
+    ResponseScan.ingest_output = parts.timed("output", ResponseScan.ingest_output)  # type: ignore[method-assign]
     engine.ingest_prompt = parts.timed("prompt", engine.ingest_prompt)  # type: ignore[method-assign]
     try:
         started = time.thread_time()
@@ -125,7 +127,7 @@ def ingest_once(
         seconds = time.thread_time() - started
     finally:
         (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
-         ResponseScan.replay_step) = saved  # fmt: skip
+         ResponseScan.ingest_output) = saved  # fmt: skip
     if counters["index_ingested"] != len(entries):
         raise SystemExit(f"not every entry was ingested: {counters}")
     exchanges = (len(entries) - fill) / 2

@@ -127,7 +127,15 @@ def test_both_encodings_give_back_every_field_and_the_findings():
     long_word = dataclasses.replace(c, starts=c.starts + 300, ends=c.ends + 600)
     far = dataclasses.replace(c, starts=c.starts + 70_000, ends=c.ends + 70_000)
     extra = [dataclasses.replace(output, choices=(choice,)) for choice in (long_word, far)]
-    for record in [canary, *records, *extra]:
+    # The origin's judgment of the text its outputs met (what an ingesting replica
+    # reads instead of judging it again), and a record of a version before it.
+    outputs = [r for r in records if isinstance(r, OutputRecord)]
+    assert any(len(r.uncounted) for r in outputs)
+    assert any(len(ch.foreign) for r in outputs for ch in r.choices)
+    before = dataclasses.replace(
+        output, choices=(dataclasses.replace(c, foreign=None),), uncounted=None
+    )
+    for record in [canary, *records, *extra, before]:
         assert same_record(unpack(pack(record)), record), record
         assert same_record(from_journal_line(journal_line(record)), record), record
     replica = Engine(EngineConfig(key=KEY))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import random
 import secrets
 import shutil
@@ -53,8 +54,9 @@ from pki import issue, make_ca
 from traffic import Result, judge, load_truth, send
 
 from proxy.config import ConfigError, load
+from proxy.engine.detector import FRAGMENT
 from proxy.engine.ordered_replay import RecordReplayer
-from proxy.engine.records import OutputRecord, PromptRecord
+from proxy.engine.records import OutputRecord, PromptRecord, unjudged
 from proxy.eventlog import make_logger
 from proxy.factory import build_engine
 from proxy.sim.answers import answer_for
@@ -379,8 +381,11 @@ def test_a_stalled_redis_never_holds_up_traffic(tmp_path, redis_server_bin):
 
 
 def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does():
-    """``collapsed``: an output record ingested as one feed leaves the engine knowing
-    the same sources as replaying it delta by delta (for the leaks of 100 victims)."""
+    """``ResponseScan.ingest_output``: an output record ingested whole, its text judged
+    as the origin's scan judged it (``foreign``, ``uncounted``), leaves the engine
+    knowing the same sources as replaying it delta by delta (for the leaks of 100
+    victims), with the same index; so does a record of an earlier version, scanned
+    again as one feed."""
     cfg = load(None, detection__key=TEST_KEY)
     origin = build_engine(cfg)
     rng = random.Random(7)
@@ -395,7 +400,11 @@ def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does()
             pos += step
         scan.finish()
         records += [scan.prompt, scan.record()]
-    findings: dict[str, list] = {"steps": [], "whole": []}
+    outputs = [r for r in records if isinstance(r, OutputRecord)]
+    # Text other tenants hold is met everywhere in these answers: the judgment matters.
+    assert sum(len(c.foreign) for r in outputs for c in r.choices) > 1000
+    findings: dict[str, list] = {"steps": [], "whole": [], "whole, before": []}
+    held = {}
     for mode, found in findings.items():
         engine = build_engine(cfg)
         replayer, ingester = RecordReplayer(engine), OriginIngester(engine)
@@ -403,8 +412,9 @@ def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does()
             if mode == "steps":
                 replayer.push(record)
             else:
-                ingester.push(record)
+                ingester.push(unjudged(record) if mode == "whole, before" else record)
         replayer.close()
+        held[mode] = engine.fingerprints
         victims = random.Random(11)
         for v in range(100):
             source = victims.choice(requests)
@@ -419,7 +429,44 @@ def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does()
             got = [f for k in range(0, len(output), 7) for f in scan.feed(output[k : k + 7])]
             found.append(sorted((f.source_request_id, f.kind) for f in got + scan.finish()))
     assert sum(map(bool, findings["whole"])) >= 30
-    assert findings["whole"] == findings["steps"]
+    assert findings["whole"] == findings["steps"] == findings["whole, before"]
+    assert held["whole"] == held["steps"]
+
+
+def test_a_leak_ingested_whole_stays_its_source_s_text():
+    """The text of a leak the origin found is not its victim's on the replicas that
+    ingest the victim's output (``foreign``): leaked there again, to the victim or to a
+    third tenant, it names its source. Indexed as the victim's (were the record's
+    judgment ignored), it would be the victim's own words, or the victim's leak."""
+    cfg = load(None, detection__key=TEST_KEY)
+    origin = build_engine(cfg)
+    source = origin.observe_prompt("alpha", "source-1", SECRET)
+    victim = origin.observe_prompt("beta", "victim-1", "Any news on my order?")
+    answer = f"Here it is: {SECRET}. Anything else?"
+    leaked = [f for w in answer.split(" ") for f in victim.feed(w + " ")] + victim.finish()
+    assert {f.source_tenant for f in leaked} == {"alpha"}
+    output = victim.record()
+    assert len(output.choices[0].foreign) and len(output.uncounted)
+
+    def again(record: OutputRecord, tenant: str) -> set[str]:
+        """The sources of the text (not entity) findings on the leak's text again."""
+        receiver = build_engine(cfg)
+        ingester = OriginIngester(receiver)
+        for r in (source.prompt, victim.prompt, record):
+            ingester.push(r)
+        scan = receiver.observe_prompt(tenant, f"{tenant}-2", "Anything new?")
+        found = scan.feed(f"Also: {SECRET}") + scan.finish()
+        return {f.source_tenant for f in found if f.kind == FRAGMENT}
+
+    for tenant in ("beta", "gamma"):
+        assert again(output, tenant) == {"alpha"}
+        assert again(unjudged(output), tenant) == {"alpha"}  # judged here, rescanned
+    ignored = dataclasses.replace(
+        output, choices=tuple(dataclasses.replace(c, foreign=c.foreign[:0]) for c in output.choices)
+    )
+    # The judgment ignored: the leak's text is the victim's own words there, and in a
+    # third tenant's answer the victim's model output, tied to nothing: both missed.
+    assert again(ignored, "beta") == again(ignored, "gamma") == set()
 
 
 def test_a_replica_starts_while_redis_is_down(tmp_path, redis_server_bin):
@@ -875,7 +922,7 @@ def test_an_older_replica_s_compressed_line_is_still_ingested():
     counters: dict[str, int] = collections.Counter()
     ingester = Ingester(receiver, "here", make_logger(None), counters)
     indexed = []
-    for i, record in enumerate((scan.prompt, scan.record())):
+    for i, record in enumerate((scan.prompt, unjudged(scan.record()))):
         old = {b"o": b"old", b"k": origin.hasher.key_id.encode(),
                b"r": zlib.compress(encode(record), 1), b"t": b"0"}  # fmt: skip
         ingester.ingest(b"%d-0" % (i + 1), old)

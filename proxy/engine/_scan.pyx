@@ -175,6 +175,7 @@ cdef class ChoiceColumns:
     cdef public EntityFeed entities
     cdef readonly Column batches
     cdef readonly Column seqs
+    cdef readonly Column foreign
     cdef public dict runs
     cdef public bint complete
     cdef public HotTable own_units  # the victim's prompt units (values unused)
@@ -193,6 +194,9 @@ cdef class ChoiceColumns:
         self.entities = entities  # an EntityFeed, or None when entities are off
         # For the keyed record: units scanned after each feed, and its sequence number.
         self.batches, self.seqs = Column(), Column()
+        # ... and the k-grams (their first units) found another tenant's text: what a
+        # replica that ingests the record learns without judging owners again.
+        self.foreign = Column()
 
     def distinct(self, Py_ssize_t i):
         """Unit ``i`` is a specific number or a word few tenants use, and not one the
@@ -561,6 +565,59 @@ cdef class DeltaScanner:
         roll_kgrams(columns.hashes.data, first, n, self.k, self.grams)
         return self._classify(response, columns, choice, first, n, False)
 
+    cpdef int learn_output(self, ScanFields response, ChoiceColumns state,
+                           const uint32_t[::1] foreign, set uncounted) except -1:
+        """What a whole output that another engine scanned teaches this one, without
+        scanning it again (``ResponseScan.ingest_output``): its k-grams that are not
+        common, but for those in ``uncounted`` (text of the leaks found in it), are
+        queued for the sketch (the pair filter drops the uses this tenant made before),
+        and those of them that are neither public nor ``foreign`` (the sorted first
+        units of the k-grams the scanning engine found another tenant's text) become
+        the output's index values. No owner is read: findings were the scanning engine's
+        to make, and the owners a held k-gram has here differ from its own only by the
+        records in flight between them."""
+        cdef Py_ssize_t n = kgram_count(state.hashes.size, 0, self.k)
+        state.complete = True
+        if n == 0:
+            return 0
+        if n > self.grams_capacity:
+            self._grow_grams(n)
+        roll_kgrams(state.hashes.data, 0, n, self.k, self.grams)
+        cdef uint64_t* grams = self.grams
+        cdef const unsigned short* flat = &self.flat[0]
+        cdef Column to_count = response._to_count
+        cdef HotTable hot = self.index._hot
+        cdef Py_ssize_t i, kept = 0, j = 0, n_foreign = foreign.shape[0]
+        cdef bint hot_held = False
+        cdef uint64_t fp
+        try:
+            for i in range(n):
+                if i + AHEAD < n:
+                    prefetch(flat + sketch_cell(self.seeds, 0, self.mask, self.width,
+                                                grams[i + AHEAD]))
+                fp = grams[i]
+                if not sketch_below(flat, self.seeds, self.depth, self.mask, self.width, fp,
+                                    self.common_tenants):
+                    continue
+                if not uncounted or fp not in uncounted:
+                    to_count.push(fp)
+                while j < n_foreign and foreign[j] < i:
+                    j += 1
+                if (j < n_foreign and foreign[j] == i) or self._public(fp):
+                    continue
+                hot_held = hot_held or hot.has(fp)
+                grams[kept] = fp  # in place (kept <= i)
+                kept += 1
+            state.private_kgrams += kept
+            if hot_held:  # a key the hot table holds gains a value: add_many's loop
+                self.index.add_many(list_of(grams, kept), response.output_value, response._now)
+            elif kept:
+                self._index_fresh(grams, kept, response.output_value, response._now)
+        finally:
+            if self.grams_capacity > GRAMS_KEPT:
+                self._release_grams()
+        return 0
+
     cdef void _release_grams(self) noexcept:
         free(self.grams)
         free(self.held_at)
@@ -889,57 +946,28 @@ cdef class DeltaScanner:
         count (not common, and held by none of the tenant's requests in ``requests``)."""
         return self._classify_all(requests, tenant, fps)
 
-    def classify_prompt(self, dict requests, str tenant, list fps, Py_ssize_t start,
-                        Py_ssize_t stop):
-        """``Engine._classify_prompt``: of ``fps[start:stop]``, the private k-grams and
-        the ones whose use by ``tenant`` the sketch must count, in order (``classify``'s
-        answers, without the owners a prompt does not need). Only a k-gram that is not
-        common and that the index holds is looked up, all of a call's at once."""
+    def classify_prompt(self, list fps, Py_ssize_t start, Py_ssize_t stop):
+        """``Engine._classify_prompt``: of ``fps[start:stop]``, the private k-grams (not
+        common, in neither the baseline nor its corpus) and the ones whose use the
+        sketch must count (not common), in order. No owner is read: the pair filter
+        drops a use its tenant counted before, and a k-gram that many requests hold is
+        judged where it is met (``classify``), not where it is stored."""
         stop = min(stop, len(fps))
-        cdef IndexFields index = self.index
-        cdef HotTable hot = index._hot
-        cdef FrozenGenerations frozen = index._frozen
-        if frozen is None:
-            frozen = self.index.frozen()
         cdef const unsigned short* flat = &self.flat[0]
-        cdef Py_ssize_t i, n = stop - start
+        cdef Py_ssize_t i
         cdef uint64_t fp
-        cdef list held = []
-        # 0: common; 1: not held; 2: held (its owners decide)
-        cdef bytearray kinds = bytearray(max(n, 0))
+        cdef list private = [], unowned = []
         for i in range(start, stop):
             if i + AHEAD < stop:
-                fp = <uint64_t>fps[i + AHEAD]
-                prefetch(flat + sketch_cell(self.seeds, 0, self.mask, self.width, fp))
-                hot.prefetch(fp)
-            fp = <uint64_t>fps[i]
+                prefetch(flat + sketch_cell(self.seeds, 0, self.mask, self.width,
+                                            <uint64_t>fps[i + AHEAD]))
+            item = fps[i]
+            fp = <uint64_t>item
             if not sketch_below(flat, self.seeds, self.depth, self.mask, self.width, fp,
                                 self.common_tenants):
                 continue
-            if hot.has(fp) or (frozen is not None and frozen.holds(fp)):
-                kinds[i - start] = 2
-                held.append(fps[i])
-            else:
-                kinds[i - start] = 1
-        cdef list owners = self.index.lookup(held) if held else held
-        cdef list private = [], unowned = []
-        cdef Py_ssize_t j = 0
-        cdef bint keep
-        for i in range(start, stop):
-            kind = kinds[i - start]
-            if not kind:
-                continue
-            item = fps[i]
-            keep = True
-            if kind == 2:
-                values = owners[j]
-                j += 1
-                keep = distinct_holders(requests, values)
-                if not (values and owned_by(requests, tenant, values)):
-                    unowned.append(item)
-            else:
-                unowned.append(item)
-            if keep and not self._public(<uint64_t>item):
+            unowned.append(item)
+            if not self._public(fp):
                 private.append(item)
         return private, unowned
 
@@ -996,6 +1024,7 @@ cdef class DeltaScanner:
                 # Another tenant's text in this output is not this tenant's text: it must
                 # not make a later leak of it to the same tenant look like its own.
                 matched.private.discard(fps[i])
+                state.foreign.push(first + at[i])
         return matched
 
     cdef list _foreign_values(self, ScanFields response, tuple values, double horizon):

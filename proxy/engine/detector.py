@@ -53,7 +53,13 @@ from proxy.engine.entities import (
 )
 from proxy.engine.fingerprint import Hasher
 from proxy.engine.index import CommonnessSketch, FingerprintIndex, PairFilter
-from proxy.engine.records import CanaryRecord, ChoiceRecord, OutputRecord, PromptRecord
+from proxy.engine.records import (
+    CanaryRecord,
+    ChoiceRecord,
+    OutputRecord,
+    PromptRecord,
+    collapsed_choice,
+)
 from proxy.engine.tokens import (
     WORD_WEIGHT,
     StreamTokenizer,
@@ -467,7 +473,7 @@ class Engine(_scan.EngineClock):
         for i in range(0, len(fps), OBSERVE_STEP):
             if i:
                 yield
-            piece_private, piece_unowned = self._classify_prompt(tenant, fps, i, i + OBSERVE_STEP)
+            piece_private, piece_unowned = self._classify_prompt(fps, i, i + OBSERVE_STEP)
             private += piece_private
             unowned += piece_unowned
         self.observed_requests += 1
@@ -523,12 +529,12 @@ class Engine(_scan.EngineClock):
         return scanner.classify(self._requests, tenant, fps)
 
     def _classify_prompt(
-        self, tenant: str, fps: list[int], start: int, stop: int
+        self, fps: list[int], start: int, stop: int
     ) -> tuple[list[int], list[int]]:
         """``_classify`` of a prompt's ``fps[start:stop]``, which needs no owners: the
         private fingerprints, and those whose use the sketch must count, in order."""
         scanner = self._delta_scanner or self.delta_scanner()
-        return scanner.classify_prompt(self._requests, tenant, fps, start, stop)
+        return scanner.classify_prompt(fps, start, stop)
 
     def _count_use(self, tenant: str, fps: Sequence[int], now: float) -> None:
         """Count ``tenant``'s use of ``fps`` in the sketch, once per tenant (pair filter)."""
@@ -682,6 +688,11 @@ class ResponseScan(_scan.ScanFields):
         #: This output's use of text other requests hold, fingerprint -> their index
         #: values: counted at its end, but for the text of a leak found in it.
         self._held_uses: dict[int, tuple[int, ...]] = {}
+        #: Per choice of an ingested output: the character spans of the leaks its
+        #: scanning engine found there (``ingest_output``), in place of its findings.
+        self._leak_spans: dict[int, list[tuple[int, int]]] = {}
+        #: The held text this output met that is not counted as its use (``_count_output``).
+        self._uncounted: set[int] = set()
         self.finished = False
 
     def _met_entities(
@@ -782,6 +793,7 @@ class ResponseScan(_scan.ScanFields):
             by_tenant = _records.holders_by_tenant(engine._requests, self.tenant, used, held)
             theirs = {fp for tenant in leaked for fp in by_tenant.get(tenant, ())}
             used = [fp for fp in used if fp not in theirs]
+            self._uncounted |= theirs
         engine._count_use(self.tenant, used, self._now)
 
     def _finish_choice(self, state: _ChoiceState, choice: int) -> list[Finding]:
@@ -831,6 +843,7 @@ class ResponseScan(_scan.ScanFields):
         answer, made this tenant its owner, and the firm's own next answer with it a
         leak (real-model bench, seed 11)."""
         spans = [(f.start, f.end) for f in self.findings if f.choice == choice]
+        spans += self._leak_spans.get(choice, ())
         return {
             entity_id
             for _, entity_id, start, end in state.extracted
@@ -876,6 +889,7 @@ class ResponseScan(_scan.ScanFields):
                 tuple(state.matches),
                 tuple(state.extracted),
                 state.chars,
+                np.sort(np.array(state.foreign, dtype=np.uint32)),
             )
             for choice, state in sorted(self._choices.items())
         )
@@ -886,6 +900,7 @@ class ResponseScan(_scan.ScanFields):
             choices,
             self.engine.low_water(),
             self.prompt.seq,
+            np.array(sorted(self._uncounted), dtype=np.uint64),
         )
 
     def replay_step(self, record: OutputRecord, choice: ChoiceRecord, i: int) -> list[Finding]:
@@ -898,25 +913,82 @@ class ResponseScan(_scan.ScanFields):
         stop = int(choice.batches[i])
         last = i == len(choice.batches) - 1
         before = len(state.hashes)
-        state.extend_units(
-            choice.units[begin:stop],
-            choice.numbers[begin:stop].view(np.uint8),
-            choice.starts[begin:stop],
-            choice.ends[begin:stop],
-            choice.weights[begin:stop],
-        )
+        _extend_from(state, choice, begin, stop)
         scanner = self.engine.delta_scanner()
         found = scanner.scan_added(self, state, choice.choice, before, last)
         matches = [(s, e, entity_id) for s, e, entity_id, feed in choice.matches if feed == i]
         found += self._entity_findings(choice.choice, matches)
         if last:
-            state.extracted = list(choice.extracted)
-            state.chars = choice.chars
-            found += self._finish_choice(state, choice.choice)
-            state.finished = True
-            self.finished = all(s.finished for s in self._choices.values())
-            if self.finished:
-                self._count_output()
+            found += self._finish_recorded(state, choice)
+        return found
+
+    def ingest_output(self, record: OutputRecord) -> list[Finding]:
+        """What another engine's finished output teaches this one (a replica ingesting
+        another's record): the state ``replay_step`` of its feeds would leave, but that
+        it indexes the output's k-grams without judging their owners against this
+        engine's index (``DeltaScanner.learn_output``), as the record's ``foreign``
+        k-grams and ``uncounted`` text say its scan judged them. It finds no leak of
+        text (the scanning engine reported those) and counts no other tenant's use of
+        the text it meets (their own records count them). A record without them (a
+        version before it) is scanned again, as one feed. Returns the entity findings
+        (the scanning engine's too)."""
+        if record.uncounted is None or any(c.foreign is None for c in record.choices):
+            found: list[Finding] = []
+            for choice in record.choices:  # every choice's state first: the output
+                self._state(choice.choice)  # ends once all of them have
+            for choice in record.choices:
+                found += self.replay_step(record, collapsed_choice(choice), 0)
+            return found
+        self._now = record.time
+        for choice in record.choices:
+            self._state(choice.choice)
+        scanner = self.engine.delta_scanner()
+        uncounted = set(record.uncounted.tolist())
+        found = []
+        for choice in record.choices:
+            state = self._state(choice.choice)
+            _extend_from(state, choice, 0, len(choice.units))
+            foreign = np.ascontiguousarray(choice.foreign, dtype=np.uint32)
+            scanner.learn_output(self, state, foreign, uncounted)
+            if uncounted:  # a leak was found in it: its text stands for the findings'
+                self._leak_spans[choice.choice] = self._leaked_spans(choice, foreign, uncounted)
+            matches = [(s, e, entity_id) for s, e, entity_id, _ in choice.matches]
+            found += self._entity_findings(choice.choice, matches)
+            found += self._finish_recorded(state, choice)
+        return found
+
+    def _leaked_spans(
+        self, choice: ChoiceRecord, foreign: np.ndarray, uncounted: set[int]
+    ) -> list[tuple[int, int]]:
+        """The character spans, overlapping ones joined, of a recorded choice's
+        ``foreign`` k-grams that the tenants whose text leaked into it hold
+        (``uncounted``): the text of the leaks its scanning engine found, where
+        ``_around_leaks`` looks for the entities that are not this output's own."""
+        k = self.engine.config.k
+        spans: list[tuple[int, int]] = []
+        grams = self.engine.hasher.kgrams_of_hashes(choice.units.tolist())
+        starts, ends = choice.starts, choice.ends
+        for first in foreign.tolist():
+            if grams[first] not in uncounted:
+                continue
+            start, end = int(starts[first]), int(ends[first + k - 1])
+            if spans and start <= spans[-1][1]:
+                spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+            else:
+                spans.append((start, end))
+        return spans
+
+    def _finish_recorded(self, state: _ChoiceState, choice: ChoiceRecord) -> list[Finding]:
+        """The end of a recorded choice: its entities and length as the record holds
+        them, then ``_finish_choice``; the output's uses are counted once every choice
+        has ended."""
+        state.extracted = list(choice.extracted)
+        state.chars = choice.chars
+        found = self._finish_choice(state, choice.choice)
+        state.finished = True
+        self.finished = all(s.finished for s in self._choices.values())
+        if self.finished:
+            self._count_output()
         return found
 
     def _state(self, choice: int) -> _ChoiceState:
@@ -1149,6 +1221,17 @@ class _ChoiceState(_scan.ChoiceColumns):
         self.texts: dict[str, str] = {}
         self.chars = 0
         self.finished = False  # replay: its last step ran
+
+
+def _extend_from(state: _ChoiceState, choice: ChoiceRecord, begin: int, stop: int) -> None:
+    """Append units ``begin:stop`` of a recorded choice to its state's columns."""
+    state.extend_units(
+        choice.units[begin:stop],
+        choice.numbers[begin:stop].view(np.uint8),
+        choice.starts[begin:stop],
+        choice.ends[begin:stop],
+        choice.weights[begin:stop],
+    )
 
 
 def beyond(units: list[int], of: list[int]) -> list[int]:

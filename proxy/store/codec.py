@@ -125,7 +125,7 @@ class _RawArrays:
 def _choice_fields(c: ChoiceRecord, arrays: _Arrays) -> dict[str, Any]:
     # Offsets as gaps and lengths: small numbers.
     starts = c.starts.astype(np.int64)
-    return {
+    fields = {
         "c": c.choice,
         "u": arrays.put(c.units),
         "w": np.flatnonzero(c.weights == 1).tolist(),  # the few one-character units
@@ -138,6 +138,9 @@ def _choice_fields(c: ChoiceRecord, arrays: _Arrays) -> dict[str, Any]:
         "x": [list(x) for x in c.extracted],
         "ch": c.chars,
     }
+    if c.foreign is not None:  # the few k-grams found another tenant's text
+        fields["f"] = c.foreign.tolist()
+    return fields
 
 
 def _column(values: Any, dtype: type) -> np.ndarray:
@@ -167,6 +170,7 @@ def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
         tuple((int(s), int(e), str(i), int(f)) for s, e, i, f in d["m"]) if d["m"] else (),
         tuple((str(k), str(i), int(s), int(e)) for k, i, s, e in d["x"]) if d["x"] else (),
         int(d["ch"]),
+        _column(d["f"], np.uint32) if "f" in d else None,  # records before it: none
     )
 
 
@@ -193,6 +197,7 @@ def _fields(record: Record, arrays: _Arrays) -> dict[str, Any]:
             "choices": [_choice_fields(c, arrays) for c in record.choices],
             "lw": record.low_water,
             "ps": record.prompt_seq,
+            **({} if record.uncounted is None else {"uc": arrays.put(record.uncounted)}),
         }
     return {
         "t": "canary",
@@ -232,6 +237,7 @@ def _record(d: dict[str, Any], arrays: _Arrays) -> Record:
             tuple(_choice_record(c, arrays) for c in d["choices"]),
             int(d["lw"]),
             int(d["ps"]),
+            arrays.get(d["uc"], np.uint64) if "uc" in d else None,  # records before it: none
         )
     if kind == "canary":
         return CanaryRecord(str(d["tenant"]), str(d["id"]), _time(d["time"]), int(d["seq"]))
