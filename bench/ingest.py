@@ -56,7 +56,6 @@ from scaleout import prescan, warm_state  # noqa: E402
 import proxy.store.redis_index as redis_index  # noqa: E402
 from proxy.config import load  # noqa: E402
 from proxy.engine.detector import ResponseScan  # noqa: E402
-from proxy.engine.records import unjudged  # noqa: E402
 from proxy.eventlog import make_logger  # noqa: E402
 from proxy.factory import build_engine  # noqa: E402
 from proxy.store.codec import pack  # noqa: E402
@@ -68,8 +67,16 @@ COUNTERS = ("index_ingested", "index_skipped", "index_remote_findings", "index_r
             "index_corrupt", "index_errors")  # fmt: skip
 ENCODINGS: dict[str, Callable[[Any], bytes]] = {
     "packed": lambda record: zlib.compress(pack(redis_index.collapsed(record)), 1),
-    "zlib line (before)": lambda record: zlib.compress(encode(unjudged(record)), 1),
+    "zlib line (before)": lambda record: zlib.compress(encode(_unjudged(record)), 1),
 }
+
+
+def _unjudged(record: Any) -> Any:
+    """``records.unjudged``, imported when used: ``--before`` runs this script's workers
+    with the package of a version that has none."""
+    from proxy.engine.records import unjudged
+
+    return unjudged(record)
 
 
 class Parts:
@@ -113,21 +120,25 @@ def ingest_once(
         ingester.ingest(*entry)
     held = engine.fingerprints
     parts = Parts(enabled=split)
+    # Not split, nothing is wrapped: a --before worker's package may name the steps
+    # otherwise.
     saved = (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
-             ResponseScan.ingest_output)  # fmt: skip
-    redis_index.inflated = parts.timed("decode", redis_index.inflated)
-    redis_index.unpack = parts.timed("decode", redis_index.unpack)
-    redis_index.from_journal_line = parts.timed("decode", redis_index.from_journal_line)
-    ResponseScan.ingest_output = parts.timed("output", ResponseScan.ingest_output)  # type: ignore[method-assign]
-    engine.ingest_prompt = parts.timed("prompt", engine.ingest_prompt)  # type: ignore[method-assign]
+             ResponseScan.ingest_output) if split else ()  # fmt: skip
+    if split:
+        redis_index.inflated = parts.timed("decode", redis_index.inflated)
+        redis_index.unpack = parts.timed("decode", redis_index.unpack)
+        redis_index.from_journal_line = parts.timed("decode", redis_index.from_journal_line)
+        ResponseScan.ingest_output = parts.timed("output", ResponseScan.ingest_output)  # type: ignore[method-assign]
+        engine.ingest_prompt = parts.timed("prompt", engine.ingest_prompt)  # type: ignore[method-assign]
     try:
         started = time.thread_time()
         for entry in entries[fill:]:
             ingester.ingest(*entry)
         seconds = time.thread_time() - started
     finally:
-        (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
-         ResponseScan.ingest_output) = saved  # fmt: skip
+        if split:
+            (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
+             ResponseScan.ingest_output) = saved  # fmt: skip
     if counters["index_ingested"] != len(entries):
         raise SystemExit(f"not every entry was ingested: {counters}")
     exchanges = (len(entries) - fill) / 2

@@ -22,7 +22,7 @@ SIGKILL after 5 s) on the way out; every wait is bounded. Three measurements, on
    ``Ingester.ingest`` (the Consumer calls it for every entry it reads) notes when the
    ingestion of each entry began and ended, and its CPU time (``thread_time``). When it
    ends, B's engine holds the record's fingerprints (``ingest_prompt`` /
-   ``replay_step`` have returned), so any scan on B from then on finds them
+   ``ingest_output`` have returned), so any scan on B from then on finds them
    (tests/test_scaleout.py checks that with a leak). Visibility = end of B's ingestion
    - A's publication, both ``time.time()`` on one host (one clock). Reported per rate:
    p50, p99, max (prompt and output records together, then each kind's p99); B's
