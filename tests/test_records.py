@@ -169,6 +169,11 @@ def test_bytes_that_are_not_a_packed_record_raise_a_decode_error():
         lambda h: h["choices"][0].update(n=[10**6]),
         lambda h: h["choices"][0].update(b=5),
         lambda h: h["choices"][0].update(q=[[1, 2]]),
+        # foreign k-grams an ingesting engine would index by: in order, within the units
+        lambda h: h["choices"][0].update(f=[2, 1]),
+        lambda h: h["choices"][0].update(f=[1, 1]),
+        lambda h: h["choices"][0].update(f=[10**6]),
+        lambda h: h["choices"][0].update(f=[-1]),
         lambda h: h.update(time="nan"),
         lambda h: h.update(choices=[{}]),
         lambda h: h.update(t="nothing"),

@@ -435,9 +435,9 @@ def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does()
 
 def test_a_leak_ingested_whole_stays_its_source_s_text():
     """The text of a leak the origin found is not its victim's on the replicas that
-    ingest the victim's output (``foreign``): leaked there again, to the victim or to a
-    third tenant, it names its source. Indexed as the victim's (were the record's
-    judgment ignored), it would be the victim's own words, or the victim's leak."""
+    ingest the victim's output (scanned again there: ``uncounted`` says a leak was
+    found): leaked there again, to the victim or to a third tenant, it names its
+    source."""
     cfg = load(None, detection__key=TEST_KEY)
     origin = build_engine(cfg)
     source = origin.observe_prompt("alpha", "source-1", SECRET)
@@ -462,11 +462,50 @@ def test_a_leak_ingested_whole_stays_its_source_s_text():
         assert again(output, tenant) == {"alpha"}
         assert again(unjudged(output), tenant) == {"alpha"}  # judged here, rescanned
     ignored = dataclasses.replace(
-        output, choices=tuple(dataclasses.replace(c, foreign=c.foreign[:0]) for c in output.choices)
+        output,
+        choices=tuple(dataclasses.replace(c, foreign=c.foreign[:0]) for c in output.choices),
+        uncounted=output.uncounted[:0],
     )
-    # The judgment ignored: the leak's text is the victim's own words there, and in a
-    # third tenant's answer the victim's model output, tied to nothing: both missed.
+    # Taken as judged with nothing found in it (a record that lied), the leak's text is
+    # the victim's own words there, and in a third tenant's answer the victim's model
+    # output, tied to nothing: both missed.
     assert again(ignored, "beta") == again(ignored, "gamma") == set()
+
+
+def test_an_answer_carried_to_another_tenant_carries_on_every_replica():
+    """A finding of another request's answer in an output makes that output carry its
+    tenant's answer (``ResponseScan._carries``): the rest of it, seen only there, is no
+    evidence when its tenant is answered it again (tests/test_engine.py's cut stream,
+    across replicas). A replica that ingests the copy must know it too: an output in
+    which a leak was found is scanned again there, not taken as judged (the finding
+    that sets it is not in the record). Taken as judged, the receiver reported the
+    tenant's own answer as the copy's tenant's leak."""
+    cfg = load(None, detection__key=TEST_KEY)
+    origin = build_engine(cfg)
+    question = "Summarise the Vividfield Foods deadline and the reference of my invoice."
+    head = ("Vividfield Foods moves the Halvorsen deadline to 13 May. The amount due is "
+            "8,168.78, scheduled for August. Order ORD-2026-641211 was placed by Noor "
+            "Thibodeau.")  # fmt: skip
+    tail = "The projected Kestrel total is 5,373.97 under reference REF-16299053 for Lisbet."
+    now = time.time()
+    cut = origin.observe_prompt("alpha", "a-1", question, now=now)
+    cut.feed(head, now=now)
+    cut.finish(now=now)  # the stream was cut: the engine saw only its head
+    copy = origin.observe_prompt("beta", "b-1", "Weather in Oslo?", now=now + 1)
+    found = copy.feed(f"{head} {tail}", now=now + 1) + copy.finish(now=now + 1)
+    assert {f.source_tenant for f in found} == {"alpha"}
+    records = [cut.prompt, cut.record(), copy.prompt, copy.record()]
+    assert len(records[-1].uncounted)  # the record says a leak was found in it
+
+    def answered_again(engine) -> list:
+        scan = engine.observe_prompt("alpha", "a-2", question, now=now + 2)
+        return scan.feed(f"Again: {tail}", now=now + 2) + scan.finish(now=now + 2)
+
+    receiver = build_engine(cfg)
+    ingester = OriginIngester(receiver)
+    for record in records:
+        ingester.push(unpack(pack(record)))
+    assert answered_again(origin) == answered_again(receiver) == []
 
 
 def test_a_replica_starts_while_redis_is_down(tmp_path, redis_server_bin):

@@ -566,15 +566,14 @@ cdef class DeltaScanner:
         return self._classify(response, columns, choice, first, n, False)
 
     cpdef int learn_output(self, ScanFields response, ChoiceColumns state,
-                           const uint32_t[::1] foreign, set uncounted) except -1:
-        """What a whole output that another engine scanned teaches this one, without
-        scanning it again (``ResponseScan.ingest_output``): its k-grams that are not
-        common, but for those in ``uncounted`` (text of the leaks found in it), are
-        queued for the sketch (the pair filter drops the uses this tenant made before),
-        and those of them that are neither public nor ``foreign`` (the sorted first
-        units of the k-grams the scanning engine found another tenant's text) become
-        the output's index values. No owner is read: findings were the scanning engine's
-        to make, and the owners a held k-gram has here differ from its own only by the
+                           const uint32_t[::1] foreign) except -1:
+        """What a whole output in which another engine's scan found no leak teaches this
+        one, without scanning it again (``ResponseScan.ingest_output``): its k-grams
+        that are not common are queued for the sketch (the pair filter drops the uses
+        this tenant made before), and those of them that are neither public nor
+        ``foreign`` (the sorted first units of the k-grams the scanning engine found
+        another tenant's text) become the output's index values. No owner is read:
+        the owners a held k-gram has here differ from the scanning engine's only by the
         records in flight between them."""
         cdef Py_ssize_t n = kgram_count(state.hashes.size, 0, self.k)
         state.complete = True
@@ -599,8 +598,7 @@ cdef class DeltaScanner:
                 if not sketch_below(flat, self.seeds, self.depth, self.mask, self.width, fp,
                                     self.common_tenants):
                     continue
-                if not uncounted or fp not in uncounted:
-                    to_count.push(fp)
+                to_count.push(fp)
                 while j < n_foreign and foreign[j] < i:
                     j += 1
                 if (j < n_foreign and foreign[j] == i) or self._public(fp):

@@ -688,9 +688,6 @@ class ResponseScan(_scan.ScanFields):
         #: This output's use of text other requests hold, fingerprint -> their index
         #: values: counted at its end, but for the text of a leak found in it.
         self._held_uses: dict[int, tuple[int, ...]] = {}
-        #: Per choice of an ingested output: the character spans of the leaks its
-        #: scanning engine found there (``ingest_output``), in place of its findings.
-        self._leak_spans: dict[int, list[tuple[int, int]]] = {}
         #: The held text this output met that is not counted as its use (``_count_output``).
         self._uncounted: set[int] = set()
         self.finished = False
@@ -843,7 +840,6 @@ class ResponseScan(_scan.ScanFields):
         answer, made this tenant its owner, and the firm's own next answer with it a
         leak (real-model bench, seed 11)."""
         spans = [(f.start, f.end) for f in self.findings if f.choice == choice]
-        spans += self._leak_spans.get(choice, ())
         return {
             entity_id
             for _, entity_id, start, end in state.extracted
@@ -924,15 +920,19 @@ class ResponseScan(_scan.ScanFields):
 
     def ingest_output(self, record: OutputRecord) -> list[Finding]:
         """What another engine's finished output teaches this one (a replica ingesting
-        another's record): the state ``replay_step`` of its feeds would leave, but that
-        it indexes the output's k-grams without judging their owners against this
-        engine's index (``DeltaScanner.learn_output``), as the record's ``foreign``
-        k-grams and ``uncounted`` text say its scan judged them. It finds no leak of
-        text (the scanning engine reported those) and counts no other tenant's use of
-        the text it meets (their own records count them). A record without them (a
-        version before it) is scanned again, as one feed. Returns the entity findings
-        (the scanning engine's too)."""
-        if record.uncounted is None or any(c.foreign is None for c in record.choices):
+        another's record): the state ``replay_step`` of its feeds would leave. An output
+        in which that engine's scan found no leak of text (``uncounted`` empty: the most
+        of them) is indexed without judging owners against this engine's index
+        (``DeltaScanner.learn_output``), as its ``foreign`` k-grams say that scan
+        judged them. One with a leak is scanned again as one feed: what its findings
+        set only they set (the answers it carries, the entities around the leak). So is
+        a record of a version before them. Returns the findings (the scanning engine
+        reported them: counted, not logged)."""
+        if (
+            record.uncounted is None
+            or len(record.uncounted)
+            or any(c.foreign is None for c in record.choices)
+        ):
             found: list[Finding] = []
             for choice in record.choices:  # every choice's state first: the output
                 self._state(choice.choice)  # ends once all of them have
@@ -943,40 +943,15 @@ class ResponseScan(_scan.ScanFields):
         for choice in record.choices:
             self._state(choice.choice)
         scanner = self.engine.delta_scanner()
-        uncounted = set(record.uncounted.tolist())
         found = []
         for choice in record.choices:
             state = self._state(choice.choice)
             _extend_from(state, choice, 0, len(choice.units))
-            foreign = np.ascontiguousarray(choice.foreign, dtype=np.uint32)
-            scanner.learn_output(self, state, foreign, uncounted)
-            if uncounted:  # a leak was found in it: its text stands for the findings'
-                self._leak_spans[choice.choice] = self._leaked_spans(choice, foreign, uncounted)
+            scanner.learn_output(self, state, np.ascontiguousarray(choice.foreign, np.uint32))
             matches = [(s, e, entity_id) for s, e, entity_id, _ in choice.matches]
             found += self._entity_findings(choice.choice, matches)
             found += self._finish_recorded(state, choice)
         return found
-
-    def _leaked_spans(
-        self, choice: ChoiceRecord, foreign: np.ndarray, uncounted: set[int]
-    ) -> list[tuple[int, int]]:
-        """The character spans, overlapping ones joined, of a recorded choice's
-        ``foreign`` k-grams that the tenants whose text leaked into it hold
-        (``uncounted``): the text of the leaks its scanning engine found, where
-        ``_around_leaks`` looks for the entities that are not this output's own."""
-        k = self.engine.config.k
-        spans: list[tuple[int, int]] = []
-        grams = self.engine.hasher.kgrams_of_hashes(choice.units.tolist())
-        starts, ends = choice.starts, choice.ends
-        for first in foreign.tolist():
-            if grams[first] not in uncounted:
-                continue
-            start, end = int(starts[first]), int(ends[first + k - 1])
-            if spans and start <= spans[-1][1]:
-                spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
-            else:
-                spans.append((start, end))
-        return spans
 
     def _finish_recorded(self, state: _ChoiceState, choice: ChoiceRecord) -> list[Finding]:
         """The end of a recorded choice: its entities and length as the record holds

@@ -77,8 +77,8 @@ class OutputRecord:
     low_water: int = 0
     prompt_seq: int = 0  # the sequence number of its prompt's record
     # uint64: k-grams the output met that tenants whose text leaked into it hold, not
-    # counted as its tenant's use (a victim does not use what leaked to it); None in the
-    # records of versions before it.
+    # counted as its tenant's use (a victim does not use what leaked to it): empty when
+    # its scan found no leak of text; None in the records of versions before it.
     uncounted: np.ndarray | None = None
 
 

@@ -170,8 +170,17 @@ def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
         tuple((int(s), int(e), str(i), int(f)) for s, e, i, f in d["m"]) if d["m"] else (),
         tuple((str(k), str(i), int(s), int(e)) for k, i, s, e in d["x"]) if d["x"] else (),
         int(d["ch"]),
-        _column(d["f"], np.uint32) if "f" in d else None,  # records before it: none
+        _foreign(d["f"], len(units)) if "f" in d else None,  # records before it: none
     )
+
+
+def _foreign(values: Any, units: int) -> np.ndarray:
+    """A choice's ``foreign`` k-gram starts: increasing, each a unit of the choice
+    (ValueError else: an ingesting engine indexes by them)."""
+    column = _column(values, np.uint32)
+    if len(column) and (column[-1] >= units or np.any(column[1:] <= column[:-1])):
+        raise ValueError("foreign k-grams out of order or past the units")
+    return column
 
 
 def _fields(record: Record, arrays: _Arrays) -> dict[str, Any]:
