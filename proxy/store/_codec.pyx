@@ -46,7 +46,8 @@ def unit_columns(Py_ssize_t n, const uint8_t[::1] gaps, int gaps_width,
         raise ValueError("unit columns of different lengths")
     if type(one_char) is not list or type(specific) is not list:
         raise ValueError("positions out of range")
-    weights = np.full(n, 2, dtype=np.uint8)
+    weights = np.empty(n, dtype=np.uint8)
+    weights.fill(2)  # not np.full: a Python function, ~1 us more a choice
     numbers = np.zeros(n, dtype=np.uint8)
     starts = np.empty(n, dtype=np.uint32)
     ends = np.empty(n, dtype=np.uint32)

@@ -166,7 +166,7 @@ def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
         starts,
         ends,
         _column(d["b"], np.uint32),
-        np.cumsum(_column(d["q"], np.uint64), dtype=np.uint64),
+        _running_sum(_column(d["q"], np.uint64)),
         tuple((int(s), int(e), str(i), int(f)) for s, e, i, f in d["m"]) if d["m"] else (),
         tuple((str(k), str(i), int(s), int(e)) for k, i, s, e in d["x"]) if d["x"] else (),
         int(d["ch"]),
@@ -174,13 +174,24 @@ def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
     )
 
 
+def _running_sum(gaps: np.ndarray) -> np.ndarray:
+    """``numpy.cumsum`` of ``gaps``, but for a column of one (what a replica sends:
+    ``collapsed``), which is its own sum: ~4 us less a choice."""
+    return gaps if len(gaps) <= 1 else np.cumsum(gaps, dtype=np.uint64)
+
+
 def _foreign(values: Any, units: int) -> np.ndarray:
-    """A choice's ``foreign`` k-gram starts: increasing, each a unit of the choice
-    (ValueError else: an ingesting engine indexes by them)."""
-    column = _column(values, np.uint32)
-    if len(column) and (column[-1] >= units or np.any(column[1:] <= column[:-1])):
-        raise ValueError("foreign k-grams out of order or past the units")
-    return column
+    """A choice's ``foreign`` k-gram starts: increasing ints, each a unit of the choice
+    (ValueError else: an ingesting engine indexes by them). Checked as a list: a few
+    numbers, where numpy's calls cost more than the loop."""
+    if type(values) is not list:
+        raise ValueError("foreign k-grams that are not a list")
+    previous = -1
+    for value in values:
+        if type(value) is not int or not previous < value < units:
+            raise ValueError("foreign k-grams out of order or past the units")
+        previous = value
+    return np.array(values, dtype=np.uint32)
 
 
 def _fields(record: Record, arrays: _Arrays) -> dict[str, Any]:
