@@ -130,12 +130,11 @@ def test_both_encodings_give_back_every_field_and_the_findings():
     # The origin's judgment of the text its outputs met (what an ingesting replica
     # reads instead of judging it again), and a record of a version before it.
     outputs = [r for r in records if isinstance(r, OutputRecord)]
-    assert any(len(r.uncounted) for r in outputs)
-    assert any(len(ch.foreign) for r in outputs for ch in r.choices)
-    before = dataclasses.replace(
-        output, choices=(dataclasses.replace(c, foreign=None),), uncounted=None
-    )
-    for record in [canary, *records, *extra, before]:
+    assert any(ch.foreign is None for r in outputs for ch in r.choices)  # a leak in it
+    assert any(ch.foreign is not None and len(ch.foreign) for r in outputs for ch in r.choices)
+    carrier = dataclasses.replace(output, carries=("tenant-1", "tenant-2"))
+    before = dataclasses.replace(output, choices=(dataclasses.replace(c, foreign=None),))
+    for record in [canary, *records, *extra, before, carrier]:
         assert same_record(unpack(pack(record)), record), record
         assert same_record(from_journal_line(journal_line(record)), record), record
     replica = Engine(EngineConfig(key=KEY))
@@ -174,6 +173,8 @@ def test_bytes_that_are_not_a_packed_record_raise_a_decode_error():
         lambda h: h["choices"][0].update(f=[1, 1]),
         lambda h: h["choices"][0].update(f=[10**6]),
         lambda h: h["choices"][0].update(f=[-1]),
+        lambda h: h.update(cr="alpha"),  # would be five tenants
+        lambda h: h.update(cr=[1]),
         lambda h: h.update(time="nan"),
         lambda h: h.update(choices=[{}]),
         lambda h: h.update(t="nothing"),

@@ -36,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import openai
 import pytest
 import redis
@@ -382,7 +383,7 @@ def test_a_stalled_redis_never_holds_up_traffic(tmp_path, redis_server_bin):
 
 def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does():
     """``ResponseScan.ingest_output``: an output record ingested whole, its text judged
-    as the origin's scan judged it (``foreign``, ``uncounted``), leaves the engine
+    as the origin's scan judged it (``foreign``), leaves the engine
     knowing the same sources as replaying it delta by delta (for the leaks of 100
     victims), with the same index; so does a record of an earlier version, scanned
     again as one feed."""
@@ -402,7 +403,8 @@ def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does()
         records += [scan.prompt, scan.record()]
     outputs = [r for r in records if isinstance(r, OutputRecord)]
     # Text other tenants hold is met everywhere in these answers: the judgment matters.
-    assert sum(len(c.foreign) for r in outputs for c in r.choices) > 1000
+    judged = [c.foreign for r in outputs for c in r.choices if c.foreign is not None]
+    assert len(judged) > 0.9 * len(outputs) and sum(map(len, judged)) > 1000
     findings: dict[str, list] = {"steps": [], "whole": [], "whole, before": []}
     held = {}
     for mode, found in findings.items():
@@ -435,9 +437,8 @@ def test_outputs_ingested_whole_teach_the_engine_what_feed_by_feed_replay_does()
 
 def test_a_leak_ingested_whole_stays_its_source_s_text():
     """The text of a leak the origin found is not its victim's on the replicas that
-    ingest the victim's output (scanned again there: ``uncounted`` says a leak was
-    found): leaked there again, to the victim or to a third tenant, it names its
-    source."""
+    ingest the victim's output (scanned again there: its record holds no judgment):
+    leaked there again, to the victim or to a third tenant, it names its source."""
     cfg = load(None, detection__key=TEST_KEY)
     origin = build_engine(cfg)
     source = origin.observe_prompt("alpha", "source-1", SECRET)
@@ -446,7 +447,12 @@ def test_a_leak_ingested_whole_stays_its_source_s_text():
     leaked = [f for w in answer.split(" ") for f in victim.feed(w + " ")] + victim.finish()
     assert {f.source_tenant for f in leaked} == {"alpha"}
     output = victim.record()
-    assert len(output.choices[0].foreign) and len(output.uncounted)
+    assert output.choices[0].foreign is None  # a leak was found: no judgment
+    judged = build_engine(cfg).observe_prompt("beta", "victim-1", "Any news on my order?")
+    for w in answer.split(" "):
+        judged.feed(w + " ")
+    judged.finish()  # the same output where no source is known: nothing found, judged
+    assert judged.record().choices[0].foreign is not None
 
     def again(record: OutputRecord, tenant: str) -> set[str]:
         """The sources of the text (not entity) findings on the leak's text again."""
@@ -461,10 +467,10 @@ def test_a_leak_ingested_whole_stays_its_source_s_text():
     for tenant in ("beta", "gamma"):
         assert again(output, tenant) == {"alpha"}
         assert again(unjudged(output), tenant) == {"alpha"}  # judged here, rescanned
+    no_foreign = np.empty(0, np.uint32)
     ignored = dataclasses.replace(
         output,
-        choices=tuple(dataclasses.replace(c, foreign=c.foreign[:0]) for c in output.choices),
-        uncounted=output.uncounted[:0],
+        choices=tuple(dataclasses.replace(c, foreign=no_foreign) for c in output.choices),
     )
     # Taken as judged with nothing found in it (a record that lied), the leak's text is
     # the victim's own words there, and in a third tenant's answer the victim's model
@@ -476,10 +482,10 @@ def test_an_answer_carried_to_another_tenant_carries_on_every_replica():
     """A finding of another request's answer in an output makes that output carry its
     tenant's answer (``ResponseScan._carries``): the rest of it, seen only there, is no
     evidence when its tenant is answered it again (tests/test_engine.py's cut stream,
-    across replicas). A replica that ingests the copy must know it too: an output in
-    which a leak was found is scanned again there, not taken as judged (the finding
-    that sets it is not in the record). Taken as judged, the receiver reported the
-    tenant's own answer as the copy's tenant's leak."""
+    across replicas). A replica that ingests the copy must know it too, also when the
+    source left the window before the copy ended (the finding cannot be made again
+    there): the record says which answers it carries (``carries``). Not knowing it,
+    the receiver reported the tenant's own answer as the copy's tenant's leak."""
     cfg = load(None, detection__key=TEST_KEY)
     origin = build_engine(cfg)
     question = "Summarise the Vividfield Foods deadline and the reference of my invoice."
@@ -487,25 +493,43 @@ def test_an_answer_carried_to_another_tenant_carries_on_every_replica():
             "8,168.78, scheduled for August. Order ORD-2026-641211 was placed by Noor "
             "Thibodeau.")  # fmt: skip
     tail = "The projected Kestrel total is 5,373.97 under reference REF-16299053 for Lisbet."
-    now = time.time()
-    cut = origin.observe_prompt("alpha", "a-1", question, now=now)
-    cut.feed(head, now=now)
-    cut.finish(now=now)  # the stream was cut: the engine saw only its head
-    copy = origin.observe_prompt("beta", "b-1", "Weather in Oslo?", now=now + 1)
-    found = copy.feed(f"{head} {tail}", now=now + 1) + copy.finish(now=now + 1)
-    assert {f.source_tenant for f in found} == {"alpha"}
-    records = [cut.prompt, cut.record(), copy.prompt, copy.record()]
-    assert len(records[-1].uncounted)  # the record says a leak was found in it
+    window = origin.config.window_seconds
+    for gap in (1.0, window - 5):  # the copy starts soon after the cut, or near the edge
+        now = time.time()
+        cut = origin.observe_prompt("alpha", "a-1", question, now=now)
+        cut.feed(head, now=now)
+        cut.finish(now=now)  # the stream was cut: the engine saw only its head
+        start, end = now + gap, now + window + 3
+        copy = origin.observe_prompt("beta", "b-1", "Weather in Oslo?", now=start)
+        found = copy.feed(f"{head} ", now=start)
+        # Another request as the copy still streams: past the window, it sweeps "a-1".
+        other = origin.observe_prompt("gamma", "g-1", "Hello there, how are you?", now=end)
+        found += copy.feed(tail, now=end) + copy.finish(now=end)
+        assert {f.source_tenant for f in found} == {"alpha"}
+        record = copy.record()
+        assert record.carries == ("alpha",) and record.choices[0].foreign is None
+        records = [cut.prompt, cut.record(), copy.prompt, other.prompt, record]
 
-    def answered_again(engine) -> list:
-        scan = engine.observe_prompt("alpha", "a-2", question, now=now + 2)
-        return scan.feed(f"Again: {tail}", now=now + 2) + scan.finish(now=now + 2)
+        def answered_again(engine, at: float = end + 1) -> list:
+            scan = engine.observe_prompt("alpha", "a-2", question, now=at)
+            return scan.feed(f"Again: {tail}", now=at) + scan.finish(now=at)
 
-    receiver = build_engine(cfg)
-    ingester = OriginIngester(receiver)
-    for record in records:
-        ingester.push(unpack(pack(record)))
-    assert answered_again(origin) == answered_again(receiver) == []
+        receiver = build_engine(cfg)
+        ingester = OriginIngester(receiver)
+        for r in records:
+            ingester.push(unpack(pack(r)))
+        assert answered_again(origin) == answered_again(receiver) == [], gap
+        # Without the record's word for it, the receiver that swept the source first
+        # would have made no finding again, and reported the answer as beta's leak.
+        blind = build_engine(cfg)
+        ingester = OriginIngester(blind)
+        for r in records:
+            ingester.push(dataclasses.replace(r, carries=()) if r is record else r)
+        if gap > 1:
+            assert {f.source_tenant for f in answered_again(blind) if f.kind == FRAGMENT} == {
+                "beta"
+            }
+        origin = build_engine(cfg)
 
 
 def test_a_replica_starts_while_redis_is_down(tmp_path, redis_server_bin):

@@ -688,8 +688,8 @@ class ResponseScan(_scan.ScanFields):
         #: This output's use of text other requests hold, fingerprint -> their index
         #: values: counted at its end, but for the text of a leak found in it.
         self._held_uses: dict[int, tuple[int, ...]] = {}
-        #: The held text this output met that is not counted as its use (``_count_output``).
-        self._uncounted: set[int] = set()
+        #: Tenants whose answer this output was found to hold (``_carries``).
+        self._answers_held: set[str] = set()
         self.finished = False
 
     def _met_entities(
@@ -790,7 +790,6 @@ class ResponseScan(_scan.ScanFields):
             by_tenant = _records.holders_by_tenant(engine._requests, self.tenant, used, held)
             theirs = {fp for tenant in leaked for fp in by_tenant.get(tenant, ())}
             used = [fp for fp in used if fp not in theirs]
-            self._uncounted |= theirs
         engine._count_use(self.tenant, used, self._now)
 
     def _finish_choice(self, state: _ChoiceState, choice: int) -> list[Finding]:
@@ -872,6 +871,10 @@ class ResponseScan(_scan.ScanFields):
     def record(self) -> OutputRecord:
         """The finished output in keyed form: what ``replay`` needs to make the same
         findings and leave the engine in the same state. Call after ``finish``."""
+        # A leak of text found in it: what its findings set (the answers it carries, the
+        # entities around the leak, the victim's uses not counted) is not in the record;
+        # without the judgment, a receiver scans it again.
+        judged = not any(f.kind == FRAGMENT for f in self.findings)
         choices = tuple(
             ChoiceRecord(
                 choice,
@@ -885,7 +888,7 @@ class ResponseScan(_scan.ScanFields):
                 tuple(state.matches),
                 tuple(state.extracted),
                 state.chars,
-                np.sort(np.array(state.foreign, dtype=np.uint32)),
+                np.sort(np.array(state.foreign, dtype=np.uint32)) if judged else None,
             )
             for choice, state in sorted(self._choices.items())
         )
@@ -896,7 +899,7 @@ class ResponseScan(_scan.ScanFields):
             choices,
             self.engine.low_water(),
             self.prompt.seq,
-            np.array(sorted(self._uncounted), dtype=np.uint64),
+            tuple(sorted(self._answers_held)),
         )
 
     def replay_step(self, record: OutputRecord, choice: ChoiceRecord, i: int) -> list[Finding]:
@@ -921,18 +924,18 @@ class ResponseScan(_scan.ScanFields):
     def ingest_output(self, record: OutputRecord) -> list[Finding]:
         """What another engine's finished output teaches this one (a replica ingesting
         another's record): the state ``replay_step`` of its feeds would leave. An output
-        in which that engine's scan found no leak of text (``uncounted`` empty: the most
-        of them) is indexed without judging owners against this engine's index
+        in which that engine's scan found no leak of text (the most of them) is indexed
+        without judging owners against this engine's index
         (``DeltaScanner.learn_output``), as its ``foreign`` k-grams say that scan
-        judged them. One with a leak is scanned again as one feed: what its findings
-        set only they set (the answers it carries, the entities around the leak). So is
-        a record of a version before them. Returns the findings (the scanning engine
-        reported them: counted, not logged)."""
-        if (
-            record.uncounted is None
-            or len(record.uncounted)
-            or any(c.foreign is None for c in record.choices)
-        ):
+        judged them. One with a leak (``foreign`` None, ``record``) is scanned again as
+        one feed: what its findings set only they set (the answers it carries, the
+        entities around the leak). So is a record of a version before them. The answers
+        the record says it carries are carried here too, found again or not (a source
+        that left the window before the output ended is not). Returns the findings
+        (the scanning engine reported them: counted, not logged)."""
+        for tenant in record.carries:
+            self._carries(tenant)
+        if any(c.foreign is None for c in record.choices):
             found: list[Finding] = []
             for choice in record.choices:  # every choice's state first: the output
                 self._state(choice.choice)  # ends once all of them have
@@ -1011,6 +1014,7 @@ class ResponseScan(_scan.ScanFields):
         The engine may have seen only part of that answer (its stream was cut, or it
         went to this request alone): the rest, seen only here, is ``tenant``'s as much
         as this output's, and ``tenant`` writing it again is not a leak of this one."""
+        self._answers_held.add(tenant)  # for the record, whether the request is still held
         own = self.engine._requests.get(self.slot)
         if own is not None:
             if own.carries is None:

@@ -62,7 +62,8 @@ class ChoiceRecord:
     extracted: tuple[tuple[str, str, int, int], ...] = ()
     chars: int = 0  # characters of output
     # uint32: the first units of the k-grams the scan found another tenant's text, sorted;
-    # None in the records of versions before it (an ingesting replica then scans again).
+    # None when it found a leak of text in the output (its findings set what no record
+    # carries) and in the records of versions before it: a receiver scans it again.
     foreign: np.ndarray | None = None
 
 
@@ -76,10 +77,10 @@ class OutputRecord:
     choices: tuple[ChoiceRecord, ...]
     low_water: int = 0
     prompt_seq: int = 0  # the sequence number of its prompt's record
-    # uint64: k-grams the output met that tenants whose text leaked into it hold, not
-    # counted as its tenant's use (a victim does not use what leaked to it): empty when
-    # its scan found no leak of text; None in the records of versions before it.
-    uncounted: np.ndarray | None = None
+    # Tenants whose answer the output was found to hold (``ResponseScan._carries``): a
+    # receiver knows it even where the finding cannot be made again (its source left
+    # the window before the output ended).
+    carries: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,10 +112,10 @@ def collapsed_choice(choice: ChoiceRecord) -> ChoiceRecord:
 
 
 def unjudged(record: Record) -> Record:
-    """``record`` as versions before ``foreign`` and ``uncounted`` made it: an output
-    without its scan's judgment of the text it met (an ingesting engine scans it
-    again). For the benchmarks and tests of that path."""
+    """``record`` as versions before ``foreign`` made it: an output without its scan's
+    judgment of the text it met (an ingesting engine scans it again). For the
+    benchmarks and tests of that path."""
     if not isinstance(record, OutputRecord):
         return record
     choices = tuple(dataclasses.replace(c, foreign=None) for c in record.choices)
-    return dataclasses.replace(record, choices=choices, uncounted=None)
+    return dataclasses.replace(record, choices=choices)

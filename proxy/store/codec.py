@@ -174,6 +174,13 @@ def _choice_record(d: dict[str, Any], arrays: _Arrays) -> ChoiceRecord:
     )
 
 
+def _tenants(values: Any) -> tuple[str, ...]:
+    """A list of tenant names (ValueError else)."""
+    if type(values) is not list or not all(type(t) is str for t in values):
+        raise ValueError("tenants that are not a list of names")
+    return tuple(values)
+
+
 def _running_sum(gaps: np.ndarray) -> np.ndarray:
     """``numpy.cumsum`` of ``gaps``, but for a column of one (what a replica sends:
     ``collapsed``), which is its own sum: ~4 us less a choice."""
@@ -217,7 +224,7 @@ def _fields(record: Record, arrays: _Arrays) -> dict[str, Any]:
             "choices": [_choice_fields(c, arrays) for c in record.choices],
             "lw": record.low_water,
             "ps": record.prompt_seq,
-            **({} if record.uncounted is None else {"uc": arrays.put(record.uncounted)}),
+            **({"cr": list(record.carries)} if record.carries else {}),
         }
     return {
         "t": "canary",
@@ -257,7 +264,7 @@ def _record(d: dict[str, Any], arrays: _Arrays) -> Record:
             tuple(_choice_record(c, arrays) for c in d["choices"]),
             int(d["lw"]),
             int(d["ps"]),
-            arrays.get(d["uc"], np.uint64) if "uc" in d else None,  # records before it: none
+            _tenants(d.get("cr", [])),
         )
     if kind == "canary":
         return CanaryRecord(str(d["tenant"]), str(d["id"]), _time(d["time"]), int(d["seq"]))
