@@ -935,18 +935,15 @@ class ResponseScan(_scan.ScanFields):
         (the scanning engine reported them: counted, not logged)."""
         for tenant in record.carries:
             self._carries(tenant)
+        for choice in record.choices:  # every choice's state first: the output ends
+            self._state(choice.choice)  # once all of them have (its uses counted)
+        found: list[Finding] = []
         if any(c.foreign is None for c in record.choices):
-            found: list[Finding] = []
-            for choice in record.choices:  # every choice's state first: the output
-                self._state(choice.choice)  # ends once all of them have
             for choice in record.choices:
                 found += self.replay_step(record, collapsed_choice(choice), 0)
             return found
         self._now = record.time
-        for choice in record.choices:
-            self._state(choice.choice)
         scanner = self.engine.delta_scanner()
-        found = []
         for choice in record.choices:
             state = self._state(choice.choice)
             _extend_from(state, choice, 0, len(choice.units))

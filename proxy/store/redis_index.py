@@ -410,9 +410,9 @@ class OriginIngester:
     A prompt is ingested at once, so this replica sees its fingerprints while its
     response is still streaming elsewhere (a leak of it can already be on its way); an
     output record (made when its exchange finished) is ingested whole
-    (``ResponseScan.ingest_output``: its k-grams indexed as the origin's scan judged
-    them, not scanned again). That is the order in which the records reach this replica, which
-    is the order the fingerprints came into existence, give or take the stream's
+    (``ResponseScan.ingest_output``: as the origin's scan judged its k-grams, or, where
+    that scan found a leak, scanned again as one feed). That is the order in which the
+    records reach this replica, which is the order the fingerprints came into existence, give or take the stream's
     latency. ``RecordReplayer`` instead reproduces the origin engine's own findings
     exactly, feed by feed, but holds a prompt back until every exchange in flight before
     it has finished on its origin (seconds of blindness to a streaming source), and
