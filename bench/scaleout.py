@@ -1027,15 +1027,11 @@ def replicas_table(reports: list[dict]) -> str:
 def sizing(
     memory: dict, summaries: list[GroupSummary], levels: list[Level], window: float
 ) -> dict[str, Any]:
-    """Per 1,000 requests/s, from this run's measured figures. The projection assumes
-    one core per replica and CPU per request as measured here (the 3-replica group's
-    extra CPU per request is the cost of ingesting the 2 others' records)."""
+    """Per 1,000 requests/s, from this run's measured figures (the replicas' CPU is split
+    and projected by ``cost_model``)."""
     by = {s.group: s for s in summaries}
     one, three = by[ONE], by[THREE]
     nan = float("nan")
-    alone = one.replica_cpu_ms_per_req or nan
-    of_3 = three.replica_cpu_ms_per_req or nan
-    ingest = (of_3 - alone) / 2  # per remote exchange, whole process
     pair_cpu = median_of(
         [(lv.ingest_prompt_cpu_us + lv.ingest_output_cpu_us) / 1000 for lv in levels]
     )
@@ -1045,31 +1041,42 @@ def sizing(
         # entry fields of a prompt and an output entry per exchange
         "stream_mb_per_s_in": memory["entry_fields_bytes_per_entry"] * 2 * 1000 / 1e6,
         "redis_cpu_ms_per_req": three.redis_cpu_ms_per_req or nan,
-        "replica_cpu_ms_per_req_alone": alone,
-        "replica_cpu_ms_per_req_of_3": of_3,
-        "ingest_cpu_ms_per_remote_exchange": ingest,
-        "ingest_cpu_ms_per_exchange_engine_only": pair_cpu,
-        "projected_rps_one_core_per_replica": {
-            n: 1000 * n / (alone + (n - 1) * ingest) for n in (1, 2, 3, 4, 8)
-        },
-        "projected_ceiling_rps": 1000 / ingest if ingest > 0 else nan,
+        "replica_cpu_ms_per_req_alone": one.replica_cpu_ms_per_req or nan,
+        "replica_cpu_ms_per_req_of_3": three.replica_cpu_ms_per_req or nan,
+        "ingest_cpu_ms_per_exchange_pair": pair_cpu,
     }
 
 
-def cost_model(summaries: list[GroupSummary]) -> dict[str, Any]:
+def ingest_cpu_ms(reports: list[dict], groups: tuple[str, ...]) -> float:
+    """CPU per exchange ingested from another replica, in ms, as the replicas of
+    ``groups`` measured it (``index.stopped``'s ``ingest_us``: decoding and the engine, in
+    the loop thread's CPU time), weighted by what each ingested; an exchange is two
+    records. NaN when none ingested."""
+    mine = [r for r in reports if r.get("group") in groups and r.get("index_ingested")]
+    records = sum(r["index_ingested"] for r in mine)
+    if not records:
+        return float("nan")
+    return 2 * sum(r["ingest_us"] * r["index_ingested"] for r in mine) / records / 1000
+
+
+def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, Any]:
     """The replicas' CPU per request as a function of replicas N and cache domains D, from
-    two measured costs, and its predictions next to the groups it was not fitted on.
+    three measured costs, and its predictions next to the groups it was not fitted on.
 
     A request costs the replica that serves it ``c_serve`` (proxying, scanning,
     publishing: the "1 replica + Redis" group) and each other replica of its domain
-    ``c_ingest`` (the "2 replicas + Redis" group minus ``c_serve``): ``c(N, D) = c_serve
-    + (N / D - 1) c_ingest`` summed over the replicas. Fitted on the 1- and 2-replica
-    groups; predicts the 3-replica group and the 2 replicas in 2 domains. On this
-    machine the cores are shared, so requests/s follow the whole machine's CPU per
-    request (the simulator, Redis and the client's share from the 1-replica group):
-    ratio to one replica = (c_serve + rest) / (c(N, D) + rest). With one core per
-    replica, N replicas carry ``1000 N / c(N, D)`` requests/s: without domains that
-    bends towards ``1000 / c_ingest``; in D domains each domain is its own such curve."""
+    ``c_ingest``, which the replicas measure themselves (``ingest_cpu_ms``). A replica
+    that shares a view with others also pays ``c_shared`` on every request it serves,
+    however many others there are: its streams look up the others' entities by keyed id
+    (docs/detection.md), and it reads the stream. Fitted as what the "2 replicas +
+    Redis" group spends beyond ``c_serve + c_ingest``. Summed over the replicas:
+    ``c(N, D) = c_serve + (N / D - 1) c_ingest``, plus ``c_shared`` when ``N / D > 1``.
+    Predicts the 3-replica group and the 2 replicas in 2 domains. On this machine the
+    cores are shared, so requests/s follow the whole machine's CPU per request (the
+    simulator, Redis and the client's share from the 1-replica group): ratio to one
+    replica = (c_serve + rest) / (c(N, D) + rest). With one core per replica, N
+    replicas carry ``1000 N / c(N, D)`` requests/s: without domains that bends towards
+    ``1000 / c_ingest``; in D domains each domain is its own such curve."""
     by = {s.group: s for s in summaries}
     nan = float("nan")
 
@@ -1078,14 +1085,20 @@ def cost_model(summaries: list[GroupSummary]) -> dict[str, Any]:
 
     one = by[ONE]
     c_serve = cpu(one)
-    c_ingest = cpu(by[TWO]) - c_serve
+    c_ingest = ingest_cpu_ms(reports, (TWO, THREE))
+    c_shared = cpu(by[TWO]) - c_serve - c_ingest
     rest = sum(
         v or 0.0
         for v in (one.sim_cpu_ms_per_req, one.redis_cpu_ms_per_req, one.client_cpu_ms_per_req)
     )
+
+    def c(n: int, domains: int) -> float:
+        per_domain = n / domains
+        return c_serve + (per_domain - 1) * c_ingest + (c_shared if per_domain > 1 else 0.0)
+
     rows = []
     for name, n, domains in ((ONE, 1, 1), (TWO, 2, 1), (THREE, 3, 1), (DOMAINS, 2, 2)):
-        predicted = c_serve + (n / domains - 1) * c_ingest
+        predicted = c(n, domains)
         rows.append(
             {
                 "group": name,
@@ -1098,18 +1111,17 @@ def cost_model(summaries: list[GroupSummary]) -> dict[str, Any]:
                 "measured_ratio_to_one": by[name].ratio_to_one,
             }
         )
-
-    def projected(n: int, domains: int) -> float:
-        return 1000 * n / (c_serve + (n / domains - 1) * c_ingest)
-
     return {
         "c_serve_ms": c_serve,
         "c_ingest_ms": c_ingest,
+        "c_shared_ms": c_shared,
+        # the two-term model of earlier versions: everything beyond c_serve per other replica
+        "c_ingest_two_term_ms": cpu(by[TWO]) - c_serve,
         "rest_ms": rest,
         "rows": rows,
         "one_core_per_replica": {
-            "one_domain": {n: projected(n, 1) for n in (1, 2, 3, 4, 8, 16)},
-            "domains_of_2_replicas": {n: projected(n, n // 2) for n in (2, 4, 8, 16)},
+            "one_domain": {n: 1000 * n / c(n, 1) for n in (1, 2, 3, 4, 8, 16)},
+            "domains_of_2_replicas": {n: 1000 * n / c(n, n // 2) for n in (2, 4, 8, 16)},
             "ceiling_one_domain": 1000 / c_ingest if c_ingest > 0 else nan,
         },
     }
@@ -1299,22 +1311,19 @@ def main(argv: list[str] | None = None) -> int:
         f"{size['redis_cpu_ms_per_req']:.2f} ms of Redis CPU per request.\n"
         f"- Replica CPU per request: {size['replica_cpu_ms_per_req_alone']:.2f} ms alone "
         f"(proxying, scanning, publishing); {size['replica_cpu_ms_per_req_of_3']:.2f} ms "
-        f"summed over the group of 3: "
-        f"{size['ingest_cpu_ms_per_remote_exchange']:.2f} ms per exchange ingested from "
-        f"another replica (engine only, pair's B: "
-        f"{fmt(size['ingest_cpu_ms_per_exchange_engine_only'], '.2f')} ms).\n"
-        f"- Projected, one core per replica: "
-        + ", ".join(
-            f"{n}: {v:.0f}/s" for n, v in size["projected_rps_one_core_per_replica"].items()
-        )
-        + f"; ceiling of one shared view {size['projected_ceiling_rps']:.0f} requests/s."
+        "summed over the group of 3 (split below). `Ingester.ingest` in the pair's B: "
+        f"{fmt(size['ingest_cpu_ms_per_exchange_pair'], '.2f')} ms of CPU per exchange."
     )
-    model = cost_model(summaries)
+    model = cost_model(summaries, reports)
     projection = model["one_core_per_replica"]
     print(
         f"\n## Cost model (c_serve {model['c_serve_ms']:.2f} ms, c_ingest "
-        f"{model['c_ingest_ms']:.2f} ms per request; simulator, Redis and client "
-        f"{model['rest_ms']:.2f} ms)\n\n" + model_table(model) + "\n\nOne core per replica, "
+        f"{model['c_ingest_ms']:.2f} ms as the replicas measured it, c_shared "
+        f"{model['c_shared_ms']:.2f} ms per request; simulator, Redis and client "
+        f"{model['rest_ms']:.2f} ms; the two-term model's c_ingest: "
+        f"{model['c_ingest_two_term_ms']:.2f} ms)\n\n"
+        + model_table(model)
+        + "\n\nOne core per replica, "
         "one domain: "
         + ", ".join(f"{n}: {v:.0f}/s" for n, v in projection["one_domain"].items())
         + f" (ceiling {projection['ceiling_one_domain']:.0f}/s); domains of 2 replicas: "
