@@ -1061,22 +1061,29 @@ def ingest_cpu_ms(reports: list[dict], groups: tuple[str, ...]) -> float:
 
 def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, Any]:
     """The replicas' CPU per request as a function of replicas N and cache domains D, from
-    three measured costs, and its predictions next to the groups it was not fitted on.
+    four measured costs, and its prediction next to the group it was not fitted on.
 
-    A request costs the replica that serves it ``c_serve`` (proxying, scanning,
-    publishing: the "1 replica + Redis" group) and each other replica of its domain
-    ``c_ingest``, which the replicas measure themselves (``ingest_cpu_ms``). A replica
-    that shares a view with others also pays ``c_shared`` on every request it serves,
-    however many others there are: its streams look up the others' entities by keyed id
-    (docs/detection.md), and it reads the stream. Fitted as what the "2 replicas +
-    Redis" group spends beyond ``c_serve + c_ingest``. Summed over the replicas:
-    ``c(N, D) = c_serve + (N / D - 1) c_ingest``, plus ``c_shared`` when ``N / D > 1``.
-    Predicts the 3-replica group and the 2 replicas in 2 domains. On this machine the
-    cores are shared, so requests/s follow the whole machine's CPU per request (the
-    simulator, Redis and the client's share from the 1-replica group): ratio to one
-    replica = (c_serve + rest) / (c(N, D) + rest). With one core per replica, N
-    replicas carry ``1000 N / c(N, D)`` requests/s: without domains that bends towards
-    ``1000 / c_ingest``; in D domains each domain is its own such curve."""
+    - ``c_serve``: what the replica that serves a request spends on it (proxying,
+      scanning, publishing: the "1 replica + Redis" group).
+    - ``c_more``: what one more replica costs per request when it shares nothing (the
+      "2 replicas, 2 domains" group minus ``c_serve``): its own event loops and timers,
+      and on this machine more processes on the same two cores.
+    - ``c_ingest``: what each other replica of the request's domain spends ingesting it,
+      as the replicas measure it themselves (``ingest_cpu_ms``).
+    - ``c_shared``: what a replica that shares a view pays on every request it serves,
+      however many others there are (its streams look the others' entities up by keyed
+      id, docs/detection.md): the "2 replicas + Redis" group beyond the three above.
+
+    Summed over the replicas: ``c(N, D) = c_serve + (N - 1) c_more + (N / D - 1)
+    c_ingest``, plus ``c_shared`` when ``N / D > 1``; it predicts the 3-replica group.
+    The fitted groups' rows show the fit. On this machine the cores are shared, so
+    requests/s follow the whole machine's CPU per request (the simulator, Redis and
+    the client's share from the 1-replica group): ratio to one replica = (c_serve +
+    rest) / (c(N, D) + rest). With one core per replica ``c_more`` is left out (a
+    replica's own overhead takes the same share of every core, whatever N is): N
+    replicas carry ``1000 N / (c(N, D) - (N - 1) c_more)`` requests/s, which without
+    domains bends towards ``1000 / c_ingest``; in D domains each domain is its own such
+    curve."""
     by = {s.group: s for s in summaries}
     nan = float("nan")
 
@@ -1085,26 +1092,28 @@ def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, 
 
     one = by[ONE]
     c_serve = cpu(one)
+    c_more = cpu(by[DOMAINS]) - c_serve
     c_ingest = ingest_cpu_ms(reports, (TWO, THREE))
-    c_shared = cpu(by[TWO]) - c_serve - c_ingest
+    c_shared = cpu(by[TWO]) - c_serve - c_more - c_ingest
     rest = sum(
         v or 0.0
         for v in (one.sim_cpu_ms_per_req, one.redis_cpu_ms_per_req, one.client_cpu_ms_per_req)
     )
 
-    def c(n: int, domains: int) -> float:
+    def c(n: int, domains: int, more: float = c_more) -> float:
         per_domain = n / domains
-        return c_serve + (per_domain - 1) * c_ingest + (c_shared if per_domain > 1 else 0.0)
+        shared = c_shared if per_domain > 1 else 0.0
+        return c_serve + (n - 1) * more + (per_domain - 1) * c_ingest + shared
 
     rows = []
-    for name, n, domains in ((ONE, 1, 1), (TWO, 2, 1), (THREE, 3, 1), (DOMAINS, 2, 2)):
+    for name, n, domains in ((ONE, 1, 1), (DOMAINS, 2, 2), (TWO, 2, 1), (THREE, 3, 1)):
         predicted = c(n, domains)
         rows.append(
             {
                 "group": name,
                 "replicas": n,
                 "domains": domains,
-                "fitted": name in (ONE, TWO),
+                "fitted": name != THREE,
                 "predicted_cpu_ms_per_req": predicted,
                 "measured_cpu_ms_per_req": cpu(by[name]),
                 "predicted_ratio_to_one": (c_serve + rest) / (predicted + rest),
@@ -1113,6 +1122,7 @@ def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, 
         )
     return {
         "c_serve_ms": c_serve,
+        "c_more_ms": c_more,
         "c_ingest_ms": c_ingest,
         "c_shared_ms": c_shared,
         # the two-term model of earlier versions: everything beyond c_serve per other replica
@@ -1120,8 +1130,8 @@ def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, 
         "rest_ms": rest,
         "rows": rows,
         "one_core_per_replica": {
-            "one_domain": {n: 1000 * n / c(n, 1) for n in (1, 2, 3, 4, 8, 16)},
-            "domains_of_2_replicas": {n: 1000 * n / c(n, n // 2) for n in (2, 4, 8, 16)},
+            "one_domain": {n: 1000 * n / c(n, 1, 0.0) for n in (1, 2, 3, 4, 8, 16)},
+            "domains_of_2_replicas": {n: 1000 * n / c(n, n // 2, 0.0) for n in (2, 4, 8, 16)},
             "ceiling_one_domain": 1000 / c_ingest if c_ingest > 0 else nan,
         },
     }
@@ -1317,7 +1327,8 @@ def main(argv: list[str] | None = None) -> int:
     model = cost_model(summaries, reports)
     projection = model["one_core_per_replica"]
     print(
-        f"\n## Cost model (c_serve {model['c_serve_ms']:.2f} ms, c_ingest "
+        f"\n## Cost model (c_serve {model['c_serve_ms']:.2f} ms, c_more "
+        f"{model['c_more_ms']:.2f} ms, c_ingest "
         f"{model['c_ingest_ms']:.2f} ms as the replicas measured it, c_shared "
         f"{model['c_shared_ms']:.2f} ms per request; simulator, Redis and client "
         f"{model['rest_ms']:.2f} ms; the two-term model's c_ingest: "
