@@ -145,17 +145,18 @@ def ingest_once(
         ResponseScan.ingest_output = parts.timed("output", ResponseScan.ingest_output)  # type: ignore[method-assign]
         engine.ingest_prompt = parts.timed("prompt", engine.ingest_prompt)  # type: ignore[method-assign]
     try:
-        seconds = 0.0
         if between is None:
             started = time.thread_time()
             for entry in entries[fill:]:
                 ingester.ingest(*entry)
             seconds = time.thread_time() - started
-        for entry in entries[fill:] if between is not None else ():
-            between()
-            started = time.thread_time()
-            ingester.ingest(*entry)
-            seconds += time.thread_time() - started
+        else:
+            seconds = 0.0
+            for entry in entries[fill:]:
+                between()
+                started = time.thread_time()
+                ingester.ingest(*entry)
+                seconds += time.thread_time() - started
     finally:
         if split:
             (redis_index.inflated, redis_index.unpack, redis_index.from_journal_line,
