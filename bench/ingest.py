@@ -16,9 +16,10 @@ round; the figure is the minimum over rounds (the machine is shared: the least
 disturbed round), beside it the median of per-round ratios. Each of these timed runs also
 splits its time into decoding (inflating, then ``unpack`` or the journal line's parse),
 prompts (``Engine.ingest_prompt``) and outputs (``ResponseScan.ingest_output``); the
-timers around the parts count in its total (~3%: ``thread_time`` is a system call).
-So each round also times the packed entries once more with nothing wrapped: the
-target's figure.
+timers around the parts count in its total (``thread_time`` is a system call, ~0.6 us).
+So each round also times the packed entries once more with nothing wrapped (but the
+ingester's own timer, which a replica runs too): the target's figure. Within a round
+the runs alternate their order.
 
 This is the engine's part of a replica's cost per ingested exchange; bench/scaleout.py
 measures the whole process (the consumer's Redis reads and the event loop as well).
@@ -89,7 +90,7 @@ def _unjudged(record: Any) -> Any:
 
 class Parts:
     """CPU time (``thread_time``) of the wrapped callables, by part; disabled, ``timed``
-    returns the callable as it is (no timer in the measured time)."""
+    returns the callable as it is (no timer of its own in the measured time)."""
 
     def __init__(self, enabled: bool = True) -> None:
         self.enabled = enabled
@@ -296,10 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         records, entries = workload(state, args.fill + args.exchanges, args.seed, ENCODINGS)
         runs: dict[str, list[Timed]] = {name: [] for name in ENCODINGS}
         plain: list[Timed] = []  # packed, nothing wrapped: the target's figure
-        for _ in range(args.rounds):
-            for name in ENCODINGS:
-                runs[name].append(ingest_once(state, entries[name], 2 * args.fill))
-            plain.append(ingest_once(state, entries["packed"], 2 * args.fill, split=False))
+        order = [*ENCODINGS, None]  # None: packed, not split
+        for n in range(args.rounds):
+            for name in order if n % 2 == 0 else order[::-1]:  # none always first
+                if name is None:
+                    plain.append(ingest_once(state, entries["packed"], 2 * args.fill, False))
+                else:
+                    runs[name].append(ingest_once(state, entries[name], 2 * args.fill))
         cold = cold_rounds(state, entries["packed"], args) if args.cold else {}
 
     names = list(ENCODINGS)
@@ -333,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'PASS' if met else 'MISS'}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"runs": runs, "plain": plain, "size": size, "ratios": ratios})
+            json.dumps({"runs": runs, "plain": plain, "cold": cold, "size": size, "ratios": ratios})
         )
     if cold:
         print(f"\npacked entries one at a time, {args.rounds} rounds (CPU of the ingestion "

@@ -1051,7 +1051,9 @@ def ingest_cpu_ms(reports: list[dict], groups: tuple[str, ...]) -> float:
     """CPU per exchange ingested from another replica, in ms, as the replicas of
     ``groups`` measured it (``index.stopped``'s ``ingest_us``: decoding and the engine, in
     the loop thread's CPU time), weighted by what each ingested; an exchange is two
-    records. NaN when none ingested."""
+    records. ``ingest_us`` is per entry read from another replica, used or not: here
+    every one is used (each group's stream is its own: no duplicates, no other key or
+    domain). NaN when none ingested."""
     mine = [r for r in reports if r.get("group") in groups and r.get("index_ingested")]
     records = sum(r["index_ingested"] for r in mine)
     if not records:
@@ -1069,13 +1071,18 @@ def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, 
       "2 replicas, 2 domains" group minus ``c_serve``): its own event loops and timers,
       and on this machine more processes on the same two cores.
     - ``c_ingest``: what each other replica of the request's domain spends ingesting it,
-      as the replicas measure it themselves (``ingest_cpu_ms``).
-    - ``c_shared``: what a replica that shares a view pays on every request it serves,
-      however many others there are (its streams look the others' entities up by keyed
-      id, docs/detection.md): the "2 replicas + Redis" group beyond the three above.
+      as the 2-replica group's replicas measure it themselves (``ingest_cpu_ms``:
+      decoding and the engine; reading the stream is not in it).
+    - ``c_shared``: what the "2 replicas + Redis" group spends beyond the three above:
+      what a replica that shares a view pays on every request it serves, however many
+      others there are (its streams look the others' entities up by keyed id,
+      docs/detection.md), and reading the stream, which grows with the others' traffic
+      but is counted here once. A residual of noisy group figures: it can come out
+      below zero.
 
     Summed over the replicas: ``c(N, D) = c_serve + (N - 1) c_more + (N / D - 1)
-    c_ingest``, plus ``c_shared`` when ``N / D > 1``; it predicts the 3-replica group.
+    c_ingest``, plus ``c_shared`` when ``N / D > 1``; it predicts the 3-replica group,
+    whose figures none of the terms reads.
     The fitted groups' rows show the fit. On this machine the cores are shared, so
     requests/s follow the whole machine's CPU per request (the simulator, Redis and
     the client's share from the 1-replica group): ratio to one replica = (c_serve +
@@ -1093,7 +1100,7 @@ def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, 
     one = by[ONE]
     c_serve = cpu(one)
     c_more = cpu(by[DOMAINS]) - c_serve
-    c_ingest = ingest_cpu_ms(reports, (TWO, THREE))
+    c_ingest = ingest_cpu_ms(reports, (TWO,))
     c_shared = cpu(by[TWO]) - c_serve - c_more - c_ingest
     rest = sum(
         v or 0.0
@@ -1102,8 +1109,9 @@ def cost_model(summaries: list[GroupSummary], reports: list[dict]) -> dict[str, 
 
     def c(n: int, domains: int, more: float = c_more) -> float:
         per_domain = n / domains
-        shared = c_shared if per_domain > 1 else 0.0
-        return c_serve + (n - 1) * more + (per_domain - 1) * c_ingest + shared
+        if per_domain == 1:  # shares nothing (and a NaN of a run without ingestion stays out)
+            return c_serve + (n - 1) * more
+        return c_serve + (n - 1) * more + (per_domain - 1) * c_ingest + c_shared
 
     rows = []
     for name, n, domains in ((ONE, 1, 1), (DOMAINS, 2, 2), (TWO, 2, 1), (THREE, 3, 1)):
