@@ -53,9 +53,10 @@ import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
+from isal import isal_zlib
 
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH))
@@ -75,9 +76,48 @@ KEY = "ab" * 32
 COUNTERS = ("index_ingested", "index_skipped", "index_remote_findings", "index_refused",
             "index_corrupt", "index_errors")  # fmt: skip
 ENCODINGS: dict[str, Callable[[Any], bytes]] = {
-    "packed": lambda record: zlib.compress(pack(redis_index.collapsed(record)), 1),
+    "packed": lambda record: _compressed(record),
     "zlib line (before)": lambda record: zlib.compress(encode(_unjudged(record)), 1),
 }
+
+
+def _compressed(record: Any) -> bytes:
+    """The packed entry this version's ``Publisher`` sends (``--before`` runs this script
+    with the package of a version that compressed with the standard library's zlib)."""
+    compressed = getattr(redis_index, "compressed_record", None)
+    if compressed is None:
+        return zlib.compress(pack(redis_index.collapsed(record)), 1)
+    return cast(bytes, compressed(record))
+
+
+COMPRESSORS: dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]] = {
+    # name: (compress, inflate), as a replica of each kind runs them
+    "zlib (standard library), level 1": (lambda data: zlib.compress(data, 1), zlib.decompress),
+    "ISA-L (isal), level 1": (lambda data: isal_zlib.compress(data, 1), isal_zlib.decompress),
+}
+
+
+def compression_rounds(records: list[Any], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """CPU us per record to compress and to inflate the packed records, and the bytes
+    kept per byte packed, per ``COMPRESSORS`` entry; alternated within each round."""
+    packed = [pack(redis_index.collapsed(r)) for r in records]
+    out: dict[str, dict[str, list[float]]] = {
+        name: {"compress_us": [], "inflate_us": [], "ratio": []} for name in COMPRESSORS
+    }
+    order = list(COMPRESSORS.items())
+    for n in range(rounds):
+        for name, (compress, inflate) in order if n % 2 == 0 else order[::-1]:
+            started = time.thread_time()
+            compressed = [compress(data) for data in packed]
+            middle = time.thread_time()
+            inflated = [inflate(data) for data in compressed]
+            ended = time.thread_time()
+            if inflated != packed:
+                raise SystemExit(f"{name}: a record did not inflate to its bytes")
+            out[name]["compress_us"].append((middle - started) * 1e6 / len(packed))
+            out[name]["inflate_us"].append((ended - middle) * 1e6 / len(packed))
+            out[name]["ratio"].append(sum(map(len, compressed)) / sum(map(len, packed)))
+    return out
 
 
 def _unjudged(record: Any) -> Any:
@@ -305,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     runs[name].append(ingest_once(state, entries[name], 2 * args.fill))
         cold = cold_rounds(state, entries["packed"], args) if args.cold else {}
+        compression = compression_rounds(records, args.rounds)
 
     names = list(ENCODINGS)
     best = {name: min(runs[name], key=lambda run: run.ms) for name in names}
@@ -337,8 +378,24 @@ def main(argv: list[str] | None = None) -> int:
           f"{'PASS' if met else 'MISS'}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"runs": runs, "plain": plain, "cold": cold, "size": size, "ratios": ratios})
+            json.dumps(
+                {
+                    "runs": runs,
+                    "plain": plain,
+                    "cold": cold,
+                    "size": size,
+                    "ratios": ratios,
+                    "compression": compression,
+                }
+            )
         )
+    print(f"\npacked records compressed and inflated, {len(records)} records, "
+          f"{args.rounds} rounds alternated (min over rounds):")  # fmt: skip
+    print("| compression | CPU us to compress a record | to inflate one | bytes kept |")
+    print("|---|---:|---:|---:|")
+    for name, figures in compression.items():
+        print(f"| {name} | {min(figures['compress_us']):.1f} | {min(figures['inflate_us']):.1f} "
+              f"| {min(figures['ratio']):.3f} |")  # fmt: skip
     if cold:
         print(f"\npacked entries one at a time, {args.rounds} rounds (CPU of the ingestion "
               "only; each entry's own timer counts):")  # fmt: skip

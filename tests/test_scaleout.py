@@ -283,6 +283,7 @@ def test_replicas_share_records_through_the_stream(tmp_path, redis_server_bin):
             for k, v in fields.items()
         )
         ours = [f[b"r"] for _, f in entries if f[b"o"] != b"elsewhere"]
+        # Standard zlib data (ISA-L wrote it): a replica of a version before it reads it.
         assert all(is_packed(zlib.decompress(r)) for r in ours)
         assert b"alpha" in dump and b"source-1" in dump  # tenant and request ids: yes
         words = [w.strip(",:") for w in SECRET.split() if len(w.strip(",:")) >= 7]
