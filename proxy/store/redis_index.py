@@ -80,8 +80,9 @@ DOMAIN = b"d"  # the cache domain the record was made in (absent: the default do
 
 MAX_RECORD_BYTES = 64 << 20  # an entry that inflates to more is corrupt (a zip bomb)
 _MAX_DEFLATE_RATIO = 1032  # deflate's limit: a 258-byte match in no less than 2 bits
-# What inflating a record raises on bytes that are not zlib data.
-INFLATE_ERRORS = (isal_zlib.error,)
+# What inflating a record raises on bytes that are not zlib data (a class: isal's type
+# stub declares an instance).
+INFLATE_ERROR = cast("type[Exception]", isal_zlib.error)
 BLOCK_MS = 1000  # XREAD BLOCK: how long one read waits for new entries
 BATCH = 500  # entries per XADD pipeline / XREAD / XRANGE
 YIELD_AFTER = 0.004  # seconds of ingestion before giving the event loop back
@@ -395,7 +396,7 @@ def compressed_record(record: Record) -> bytes:
 
 
 def inflated(data: bytes) -> bytes:
-    """A record's bytes, decompressed (``INFLATE_ERRORS`` on bytes that are not zlib
+    """A record's bytes, decompressed (``INFLATE_ERROR`` on bytes that are not zlib
     data); ValueError past ``MAX_RECORD_BYTES``."""
     if len(data) <= MAX_RECORD_BYTES // _MAX_DEFLATE_RATIO // 2:
         # Half the cap at most: one call, no stream object.
@@ -539,7 +540,7 @@ class Ingester:
         try:
             data = inflated(fields[RECORD])
             record = unpack(data) if is_packed(data) else from_journal_line(data)
-        except (*DECODE_ERRORS, *INFLATE_ERRORS) as e:
+        except (*DECODE_ERRORS, INFLATE_ERROR) as e:
             self._failed("index.corrupt", "index_corrupt", entry_id, origin, e)
             return
         origin_ingester = self.origins.get(origin)
