@@ -186,18 +186,23 @@ class FingerprintIndex(_scan.IndexFields):
     def _freeze(self) -> None:
         """The hot table becomes a sorted generation (``HotTable.columns``, then a sort).
         Its keys are unique, so any sort will do; a key with several values gets its
-        others inserted after its first, in order."""
-        hot, lists = self._hot, self._hot_more
-        for fp, vs in lists.items():
-            hot[fp] = vs[0]
+        others after its first, in order: sorted stably, then merged in after it."""
+        hot, more = self._hot, self._hot_more
+        most = len(more) * (self.max_values_per_key - 1)
+        extra_keys, extra_values = np.empty(most, np.uint64), np.empty(most, np.uint32)
+        extras = hot.take_more(more, extra_keys, extra_values)
+        extra_keys, extra_values = extra_keys[:extras], extra_values[:extras]
         keys, values = np.empty(len(hot), np.uint64), np.empty(len(hot), np.uint32)
         hot.columns(keys, values)
         _tables.sort_pairs(keys, values)
-        if lists:
-            extra_keys = np.array([fp for fp, vs in lists.items() for _ in vs[1:]], np.uint64)
-            at = keys.searchsorted(extra_keys, side="right")
-            keys = np.insert(keys, at, extra_keys)
-            values = np.insert(values, at, [v for vs in lists.values() for v in vs[1:]])
+        if len(extra_keys):
+            order = np.argsort(extra_keys, kind="stable")
+            first_keys, first_values = keys, values
+            keys = np.empty(len(first_keys) + len(order), np.uint64)
+            values = np.empty(len(keys), np.uint32)
+            _tables.merge_sorted(
+                first_keys, first_values, extra_keys[order], extra_values[order], keys, values
+            )
         self._generations.append(_Generation(keys, values, self._hot_newest))
         self._hot.clear(keep_slots=True)  # it fills again: its grown slots stay
         self._hot_more = {}
