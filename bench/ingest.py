@@ -92,8 +92,14 @@ def _compressed(record: Any) -> bytes:
 
 COMPRESSORS: dict[str, tuple[Callable[[bytes], bytes], Callable[[bytes], bytes]]] = {
     # name: (compress, inflate), as a replica of each kind runs them
-    "zlib (standard library), level 1": (lambda data: zlib.compress(data, 1), zlib.decompress),
-    "ISA-L (isal), level 1": (lambda data: isal_zlib.compress(data, 1), isal_zlib.decompress),
+    "zlib (standard library)": (
+        lambda data: zlib.compress(data, redis_index.COMPRESS_LEVEL),
+        zlib.decompress,
+    ),
+    "ISA-L (isal), what replicas run": (
+        lambda data: isal_zlib.compress(data, redis_index.COMPRESS_LEVEL),
+        isal_zlib.decompress,
+    ),
 }
 
 

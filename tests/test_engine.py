@@ -1220,6 +1220,19 @@ def test_fingerprint_index_bulk_adds_and_freezes_keep_every_value():
     assert capped.lookup(keys) == [tuple(expected[fp][-3:]) for fp in keys]
 
 
+def test_fingerprint_index_freezes_keys_of_several_values_under_a_cap_of_one():
+    """With ``max_values_per_key`` 1, a key added again with another value still
+    freezes (the freeze makes room for all the values the hot generation holds), and
+    the newest value is found."""
+    index = FingerprintIndex(freeze_size=4, max_values_per_key=1)
+    index.add_many([1, 2], 1, now=T0)
+    index.add_many([1, 2], 2, now=T0)
+    index.add_many([3, 4, 5], 3, now=T0)  # past the freeze size
+    assert index._generations and len(index) >= 5
+    found = index.lookup([1, 2, 5])
+    assert 2 in found[0] and 2 in found[1] and found[2] == (3,)
+
+
 def test_fingerprint_index_evicts_by_time():
     index = FingerprintIndex(freeze_size=4)
     for i in range(8):

@@ -965,6 +965,12 @@ def test_an_entry_that_inflates_past_the_limit_is_corrupt(monkeypatch):
     bomb = {b"o": b"x", b"k": key, b"r": zlib.compress(bytes(1 << 20)), b"t": b"0"}
     ingester.ingest(b"1-0", bomb)
     assert counters["index_corrupt"] == 1 and counters["index_ingested"] == 0
+    # Just past the cap, all of it read at once (no input left over to tell), and a
+    # stream cut short: corrupt too, not a record cut at the cap.
+    past = zlib.compress(bytes(4096 + 1000))
+    ingester.ingest(b"1-1", {**bomb, b"r": past})
+    ingester.ingest(b"1-2", {**bomb, b"r": zlib.compress(bytes(2000))[:-6]})
+    assert counters["index_corrupt"] == 3 and counters["index_ingested"] == 0
     prompt = receiver.observe_prompt("alpha", "source-1", SECRET).prompt
     fits = {**bomb, b"r": zlib.compress(pack(prompt))}
     assert len(zlib.decompress(fits[b"r"])) < 4096

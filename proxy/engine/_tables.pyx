@@ -811,11 +811,14 @@ cdef class HotTable:
         cdef Py_ssize_t k = 0, j, room = min(keys.shape[0], values.shape[0])
         cdef tuple vs
         cdef uint64_t key
+        for vs in more.values():
+            k += len(vs) - 1
+        if k > room:  # checked before anything changes
+            raise ValueError("HotTable.take_more: the columns are too short")
+        k = 0
         for fp, vs in more.items():
             key = <uint64_t>fp
             self.put(key, <uint32_t>vs[0], True)
-            if k + len(vs) - 1 > room:
-                raise ValueError("HotTable.take_more: the columns are too short")
             for j in range(1, len(vs)):
                 keys[k], values[k] = key, <uint32_t>vs[j]
                 k += 1

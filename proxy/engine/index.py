@@ -188,7 +188,7 @@ class FingerprintIndex(_scan.IndexFields):
         Its keys are unique, so any sort will do; a key with several values gets its
         others after its first, in order: sorted stably, then merged in after it."""
         hot, more = self._hot, self._hot_more
-        most = len(more) * (self.max_values_per_key - 1)
+        most = sum(map(len, more.values())) - len(more)
         extra_keys, extra_values = np.empty(most, np.uint64), np.empty(most, np.uint32)
         extras = hot.take_more(more, extra_keys, extra_values)
         extra_keys, extra_values = extra_keys[:extras], extra_values[:extras]

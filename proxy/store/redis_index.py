@@ -78,6 +78,7 @@ RECORD = b"r"
 OFFERED = b"t"  # when the record entered the outbox (Unix time): for the latency figures
 DOMAIN = b"d"  # the cache domain the record was made in (absent: the default domain)
 
+COMPRESS_LEVEL = 1  # zlib level of a stream entry's record: the fastest
 MAX_RECORD_BYTES = 64 << 20  # an entry that inflates to more is corrupt (a zip bomb)
 _MAX_DEFLATE_RATIO = 1032  # deflate's limit: a 258-byte match in no less than 2 bits
 # What inflating a record raises on bytes that are not zlib data (a class: isal's type
@@ -386,13 +387,12 @@ class Publisher:
 
 def compressed_record(record: Record) -> bytes:
     """``record`` as a stream entry carries it: ``pack`` of it ``collapsed``, then zlib
-    data. A word's unit hash recurs within an exchange, so 3.7 KB an exchange packed are
-    2.9 KB compressed (Redis memory is the bound at scale: docs/operations.md). ISA-L
-    (``isal``) writes the same zlib format as the standard library, which still reads
-    it (a fleet upgraded a replica at a time), at level 1 in 19 us a record instead
-    of zlib's 47 us, and inflates it in 6 us instead of 8 (bench/ingest.py
-    ``--compression``)."""
-    return isal_zlib.compress(pack(collapsed(record)), 1)
+    data. A word's unit hash recurs within an exchange, so compressing keeps ~0.78 of
+    the bytes (Redis memory is the bound at scale). ISA-L (``isal``) writes the same
+    zlib format as the standard library, which still reads it (a fleet upgraded a
+    replica at a time), in less than half its CPU (bench/ingest.py prints both;
+    docs/operations.md)."""
+    return isal_zlib.compress(pack(collapsed(record)), COMPRESS_LEVEL)
 
 
 def inflated(data: bytes) -> bytes:
@@ -403,8 +403,10 @@ def inflated(data: bytes) -> bytes:
         return isal_zlib.decompress(data)
     inflater = isal_zlib.decompressobj()
     out = inflater.decompress(data, MAX_RECORD_BYTES)
-    if inflater.unconsumed_tail:
-        raise ValueError(f"a record of more than {MAX_RECORD_BYTES} bytes")
+    # Not at the end of the stream: more than the cap is left (ISA-L, having read all
+    # its input, leaves no unconsumed tail to say so), or the data were cut short.
+    if not inflater.eof:
+        raise ValueError(f"a record of more than {MAX_RECORD_BYTES} bytes, or cut short")
     return out
 
 
