@@ -804,17 +804,17 @@ cdef class HotTable:
         """A freeze's keys with several values (``more``: key -> its values, oldest
         first, as ``add_values`` keeps them): each key's first value into this table
         (the oldest may have been dropped since it came), and the others into ``keys``
-        and ``values`` in ``more``'s order (a key's values together, oldest first).
-        Returns how many; ``ValueError`` when the columns are too short. One pass: the
-        Python loops and the inserts it replaced took ~9 ms a freeze of 65,536 keys
-        with ~7,800 such keys (bench/ingest.py's workload)."""
-        cdef Py_ssize_t k = 0, j, room = min(keys.shape[0], values.shape[0])
+        and ``values``, as long as all of them, in ``more``'s order (a key's values
+        together, oldest first); ``ValueError``, before any change, when they are not.
+        One pass: the Python loops and the inserts it replaced took ~9 ms a freeze of
+        65,536 keys with ~7,800 such keys (bench/ingest.py's workload)."""
+        cdef Py_ssize_t k = 0, j
         cdef tuple vs
         cdef uint64_t key
         for vs in more.values():
             k += len(vs) - 1
-        if k > room:  # checked before anything changes
-            raise ValueError("HotTable.take_more: the columns are too short")
+        if keys.shape[0] != k or values.shape[0] != k:
+            raise ValueError("HotTable.take_more: the columns do not fit the values")
         k = 0
         for fp, vs in more.items():
             key = <uint64_t>fp
@@ -822,7 +822,6 @@ cdef class HotTable:
             for j in range(1, len(vs)):
                 keys[k], values[k] = key, <uint32_t>vs[j]
                 k += 1
-        return k
 
     def __reduce__(self):
         return HotTable, (self.items(),)

@@ -188,14 +188,13 @@ class FingerprintIndex(_scan.IndexFields):
         Its keys are unique, so any sort will do; a key with several values gets its
         others after its first, in order: sorted stably, then merged in after it."""
         hot, more = self._hot, self._hot_more
-        most = sum(map(len, more.values())) - len(more)
-        extra_keys, extra_values = np.empty(most, np.uint64), np.empty(most, np.uint32)
-        extras = hot.take_more(more, extra_keys, extra_values)
-        extra_keys, extra_values = extra_keys[:extras], extra_values[:extras]
+        extras = sum(map(len, more.values())) - len(more)
+        extra_keys, extra_values = np.empty(extras, np.uint64), np.empty(extras, np.uint32)
+        hot.take_more(more, extra_keys, extra_values)
         keys, values = np.empty(len(hot), np.uint64), np.empty(len(hot), np.uint32)
         hot.columns(keys, values)
         _tables.sort_pairs(keys, values)
-        if len(extra_keys):
+        if extras:
             order = np.argsort(extra_keys, kind="stable")
             first_keys, first_values = keys, values
             keys = np.empty(len(first_keys) + len(order), np.uint64)

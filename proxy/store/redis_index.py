@@ -386,13 +386,18 @@ class Publisher:
 
 
 def compressed_record(record: Record) -> bytes:
-    """``record`` as a stream entry carries it: ``pack`` of it ``collapsed``, then zlib
-    data. A word's unit hash recurs within an exchange, so compressing keeps ~0.78 of
-    the bytes (Redis memory is the bound at scale). ISA-L (``isal``) writes the same
-    zlib format as the standard library, which still reads it (a fleet upgraded a
-    replica at a time), in less than half its CPU (bench/ingest.py prints both;
-    docs/operations.md)."""
-    return isal_zlib.compress(pack(collapsed(record)), COMPRESS_LEVEL)
+    """``record`` as a stream entry carries it: ``pack`` of it ``collapsed``,
+    ``deflated``."""
+    return deflated(pack(collapsed(record)))
+
+
+def deflated(data: bytes) -> bytes:
+    """``data`` as zlib data (``inflated`` reverses it). A word's unit hash recurs
+    within an exchange, so a packed record keeps ~0.78 of its bytes (Redis memory is
+    the bound at scale). ISA-L (``isal``) writes the same format as the standard
+    library, which still reads it (a fleet upgraded a replica at a time), in less than
+    half its CPU (bench/ingest.py prints both; docs/operations.md)."""
+    return isal_zlib.compress(data, COMPRESS_LEVEL)
 
 
 def inflated(data: bytes) -> bytes:
